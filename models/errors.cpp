@@ -1,0 +1,25 @@
+#include "models/errors.hpp"
+
+namespace dtsim {
+
+namespace {
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) {
+    if (!out.empty()) out += '\n';
+    out += l;
+  }
+  return out;
+}
+}  // namespace
+
+InputError::InputError(std::vector<std::string> problems)
+    : std::runtime_error(join_lines(problems)), problems_(std::move(problems)) {}
+
+void ProblemList::add(const std::string& message) { problems_.push_back(file_ + ": " + message); }
+
+void ProblemList::throw_if_any() const {
+  if (!problems_.empty()) throw InputError(problems_);
+}
+
+}  // namespace dtsim

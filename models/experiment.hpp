@@ -1,0 +1,111 @@
+#pragma once
+// The four inputs of an experiment (model, cluster, layout, training), as plain data.
+// All quantities are in SI base units: bytes, seconds, FLOPs, FLOP/s, B/s.
+// Parsing and validation live in models/experiment_io.hpp.
+#include <cstdint>
+#include <string>
+
+namespace dtsim {
+
+enum class Activation { gelu, swiglu };
+enum class Norm { layernorm, rmsnorm };
+enum class Position { learned, rope };
+enum class Recompute { none, selective, full };
+enum class Dtype { bf16, fp8 };
+enum class Framework { megatron, deepspeed, zero_paper };
+
+/// Decoder-only Transformer.
+struct ModelSpec {
+  std::string name;            // free text, for reports
+  int64_t layers = 0;          // transformer blocks, L
+  int64_t hidden = 0;          // h
+  int64_t heads = 0;           // attention heads, a
+  int64_t kv_heads = 0;        // key/value heads (GQA); == heads for MHA
+  int64_t ffn_hidden = 0;      // MLP inner size (4h for GPT)
+  int64_t vocab = 0;           // V (padded vocabulary)
+  Activation activation = Activation::gelu;
+  bool tied_embeddings = false;
+  Norm norm = Norm::layernorm;
+  Position position = Position::learned;
+  /// Max positions of a learned position embedding (only used when position == learned;
+  /// 0 means "seq_len of the training section").
+  int64_t max_position_embeddings = 0;
+
+  int64_t head_dim() const { return hidden / heads; }
+};
+
+/// One GPU model. Every preset value cites its datasheet in topologies/gpu_presets.cpp.
+struct GpuSpec {
+  std::string name;
+  double peak_bf16_flops = 0;  // dense tensor-core FLOP/s
+  double peak_fp8_flops = 0;   // dense FLOP/s; 0 when the GPU has no FP8 tensor cores
+  double hbm_bytes = 0;        // capacity, bytes
+  double hbm_bandwidth = 0;    // B/s
+  /// Fraction of peak that large dense GEMMs reach (cuBLAS); dimensionless, (0,1].
+  double gemm_efficiency = 0;
+  /// Fraction of HBM bandwidth that streaming (memory-bound) kernels reach; (0,1].
+  double memory_efficiency = 0;
+  /// Fixed cost per GPU kernel launch, seconds.
+  double kernel_overhead = 0;
+};
+
+/// A point-to-point link class: per-direction bandwidth per GPU (or NIC) and latency.
+struct LinkSpec {
+  double bandwidth = 0;   // B/s per direction (line rate)
+  double latency = 0;     // seconds per message step (alpha)
+  /// Fraction of line rate that NCCL's Simple protocol sustains on this link (bus
+  /// bandwidth / line rate); dimensionless, (0,1].
+  double efficiency = 1.0;
+};
+
+struct ClusterSpec {
+  std::string name;
+  GpuSpec gpu;
+  int64_t nodes = 0;
+  int64_t gpus_per_node = 0;
+  LinkSpec nvlink;             // per GPU into the NVSwitch domain (one node)
+  int64_t nics_per_node = 0;   // GPUs share NICs evenly: gpus_per_node / nics_per_node each
+  LinkSpec nic;                // per NIC
+  std::string fabric = "non-blocking";  // only non-blocking for now
+  /// HBM kept back for the CUDA context, NCCL buffers and allocator fragmentation, bytes.
+  double hbm_reserve_bytes = 0;
+
+  int64_t gpus() const { return nodes * gpus_per_node; }
+};
+
+struct Layout {
+  int64_t dp = 1, tp = 1, cp = 1, pp = 1;
+  int zero_stage = 0;            // 0..3
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+};
+
+struct Training {
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;      // sequences per optimizer step
+  int64_t micro_batch = 0;       // sequences per micro-batch per DP rank
+  Dtype dtype = Dtype::bf16;     // GEMM precision; activations and params stay bf16
+  bool flash_attention = true;   // fused attention: no s^2 score memory or traffic
+  bool overlap_grad_reduce = true;  // DP gradient reduction overlaps backward
+  Framework framework = Framework::megatron;  // bytes-per-parameter accounting
+  /// Gradient accumulation steps: global_batch / (micro_batch * dp).
+  int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
+};
+
+struct Experiment {
+  std::string source;   // file the experiment was read from (for error messages)
+  std::string title;    // free text
+  ModelSpec model;
+  ClusterSpec cluster;
+  Layout layout;
+  Training training;
+};
+
+const char* to_string(Activation);
+const char* to_string(Norm);
+const char* to_string(Position);
+const char* to_string(Recompute);
+const char* to_string(Dtype);
+const char* to_string(Framework);
+
+}  // namespace dtsim
