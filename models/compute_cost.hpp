@@ -1,0 +1,36 @@
+#pragma once
+// Roofline compute cost model (the default when no calibration profile is given).
+//
+//   gemm:      t = max(F / (peak * gemm_efficiency), B / (hbm_bw * memory_efficiency)) + launch
+//   attention: as gemm, on the FLOPs the kernel really executes (see below)
+//   memory:    t = B / (hbm_bw * memory_efficiency) + launch
+//   optimizer: as memory
+// peak is the dense tensor-core rate of the GEMM dtype (bf16, or fp8 for fp8 GEMMs);
+// efficiencies and the launch overhead belong to the GPU preset and cite their sources
+// in topologies/gpu_presets.cpp (Williams, Waterman & Patterson 2009, "Roofline").
+//
+// Attention work actually executed differs from the FLOP-counting convention:
+//  - FlashAttention skips fully masked blocks of causal attention: 0.5 x the dense FLOPs
+//    (Dao 2023, FlashAttention-2, Sec 3.1, "causal masking ... skip ... about 1.7-1.8x
+//    speedup"; half the blocks are masked).
+//  - FlashAttention backward recomputes S = QK^T and runs 5 matmuls against the
+//    forward's 2: 2.5 x forward work, not the 2 x of the counting convention
+//    (Dao 2023, FlashAttention-2, Sec 3.1.2).
+//  - Without FlashAttention (Megatron fused softmax), QK^T and AV are dense batched GEMMs
+//    over the full s x s scores, masked afterwards: 1.0 x.
+#include "models/experiment.hpp"
+#include "models/plan.hpp"
+
+namespace dtsim {
+
+/// Work factor of FlashAttention's causal skipping (see above).
+inline constexpr double kFlashCausalWork = 0.5;
+/// FlashAttention backward work relative to forward (see above).
+inline constexpr double kFlashBackwardWork = 2.5;
+
+/// Seconds for one compute op on `gpu`, GEMMs in `dtype`. Uses op.kernel, op.flops
+/// (convention FLOPs; attention work factors applied here), op.bytes, op.kernels.
+/// `attention_work` multiplies attention FLOPs (kFlashCausalWork etc.; 1 for GEMMs).
+double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attention_work = 1.0);
+
+}  // namespace dtsim

@@ -1,0 +1,189 @@
+#include "models/flops.hpp"
+
+#include <string>
+
+#include "models/errors.hpp"
+
+namespace dtsim {
+
+namespace {
+
+void check_model(const ModelSpec& m) {
+  if (m.hidden <= 0 || m.heads <= 0 || m.layers <= 0 || m.ffn_hidden <= 0 || m.vocab <= 0)
+    throw InputError("model '" + m.name +
+                     "': layers, hidden, heads, ffn_hidden and vocab must all be positive");
+  if (m.kv_heads <= 0 || m.kv_heads > m.heads)
+    throw InputError("model '" + m.name + "': kv_heads=" + std::to_string(m.kv_heads) +
+                     " must be in [1, heads=" + std::to_string(m.heads) + "]");
+}
+
+void check_non_negative(int64_t v, const char* what) {
+  if (v < 0) throw InputError(std::string("FLOP count: ") + what + "=" + std::to_string(v) + " is negative");
+}
+
+double d(int64_t v) { return static_cast<double>(v); }
+
+// Width of the Q projection output (= heads * head_dim; = h for the usual head_dim = h/a).
+int64_t q_width(const ModelSpec& m) { return m.heads * m.head_dim(); }
+// Width of each of the K and V projection outputs under GQA.
+int64_t kv_width(const ModelSpec& m) { return m.kv_heads * m.head_dim(); }
+
+}  // namespace
+
+double ForwardFlops::total() const {
+  return qkv + attention_scores + attention_values + out_proj + mlp_up + mlp_gate + mlp_down;
+}
+
+ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
+  check_model(m);
+  check_non_negative(b, "b");
+  check_non_negative(s, "s");
+  check_non_negative(s_kv, "s_kv");
+  const double tokens = d(b) * d(s);
+  const double h = d(m.hidden), f = d(m.ffn_hidden);
+  const double qw = d(q_width(m)), kvw = d(kv_width(m));
+  ForwardFlops out;
+  out.qkv = 2.0 * tokens * h * (qw + 2.0 * kvw);
+  out.attention_scores = 2.0 * tokens * d(s_kv) * qw;
+  out.attention_values = 2.0 * tokens * d(s_kv) * qw;
+  out.out_proj = 2.0 * tokens * qw * h;
+  out.mlp_up = 2.0 * tokens * h * f;
+  out.mlp_gate = m.activation == Activation::swiglu ? 2.0 * tokens * h * f : 0.0;
+  out.mlp_down = 2.0 * tokens * f * h;
+  return out;
+}
+
+double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s) {
+  check_model(m);
+  check_non_negative(b, "b");
+  check_non_negative(s, "s");
+  return 2.0 * d(b) * d(s) * d(m.hidden) * d(m.vocab);
+}
+
+double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq) {
+  const double layers = d(m.layers) * layer_forward_flops(m, global_batch, seq, seq).total();
+  return 3.0 * (layers + lm_head_forward_flops(m, global_batch, seq));
+}
+
+double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq, Recompute r) {
+  const double model = model_flops_per_step(m, global_batch, seq);
+  const ForwardFlops f = layer_forward_flops(m, global_batch, seq, seq);
+  switch (r) {
+    case Recompute::none:
+      return model;
+    case Recompute::selective:
+      return model + d(m.layers) * (f.attention_scores + f.attention_values);
+    case Recompute::full:
+      return model + d(m.layers) * f.total();
+  }
+  return model;
+}
+
+double narayanan_eq3_flops(int64_t B, int64_t s, int64_t l, int64_t h, int64_t V) {
+  // Narayanan et al. 2021 (arXiv 2104.04473) Eq. 3.
+  return 96.0 * d(B) * d(s) * d(l) * d(h) * d(h) *
+         (1.0 + d(s) / (6.0 * d(h)) + d(V) / (16.0 * d(l) * d(h)));
+}
+
+double korthikanti_eq7_model_flops(int64_t B, int64_t s, int64_t L, int64_t h, int64_t V) {
+  // Korthikanti et al. 2022 (arXiv 2205.05198) Appendix A, Eq. 7.
+  return 72.0 * d(B) * d(L) * d(s) * d(h) * d(h) *
+         (1.0 + d(s) / (6.0 * d(h)) + d(V) / (12.0 * d(h) * d(L)));
+}
+
+double korthikanti_eq8_hardware_flops_selective(int64_t B, int64_t s, int64_t L, int64_t h, int64_t V) {
+  // Korthikanti et al. 2022 (arXiv 2205.05198) Appendix A, Eq. 8, as printed.
+  return 72.0 * d(B) * d(L) * d(s) * d(h) * d(h) *
+         (1.0 + d(s) / (3.0 * d(h)) + d(V) / (12.0 * d(h) * d(L)));
+}
+
+bool has_linear_biases(const ModelSpec& m) { return m.activation == Activation::gelu; }
+
+int64_t norm_parameters(const ModelSpec& m) {
+  return m.norm == Norm::layernorm ? 2 * m.hidden : m.hidden;
+}
+
+int64_t layer_parameters(const ModelSpec& m) {
+  check_model(m);
+  const int64_t h = m.hidden, f = m.ffn_hidden, qw = q_width(m), kvw = kv_width(m);
+  const int64_t mlp_in_gemms = m.activation == Activation::swiglu ? 2 : 1;  // up (+ gate)
+  int64_t n = h * (qw + 2 * kvw)        // QKV
+              + qw * h                  // output projection
+              + mlp_in_gemms * h * f    // MLP up (+ gate)
+              + f * h                   // MLP down
+              + 2 * norm_parameters(m); // pre-attention and pre-MLP norms
+  if (has_linear_biases(m)) n += (qw + 2 * kvw) + h + mlp_in_gemms * f + h;
+  return n;
+}
+
+int64_t embedding_parameters(const ModelSpec& m, int64_t seq_len_for_learned_positions) {
+  check_model(m);
+  int64_t n = m.vocab * m.hidden;
+  if (m.position == Position::learned) {
+    const int64_t max_pos =
+        m.max_position_embeddings > 0 ? m.max_position_embeddings : seq_len_for_learned_positions;
+    if (max_pos <= 0)
+      throw InputError("model '" + m.name +
+                       "': learned positions need max_position_embeddings or a positive seq_len");
+    n += max_pos * m.hidden;
+  }
+  return n;
+}
+
+int64_t lm_head_parameters(const ModelSpec& m) {
+  check_model(m);
+  return m.tied_embeddings ? 0 : m.vocab * m.hidden;
+}
+
+int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
+  return m.layers * layer_parameters(m) + embedding_parameters(m, seq_len) + norm_parameters(m) +
+         lm_head_parameters(m);
+}
+
+double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp) {
+  check_model(m);
+  if (tp <= 0) throw InputError("layout.tp=" + std::to_string(tp) + " must be positive");
+  const double t = d(tp);
+  const double h = d(m.hidden), f = d(m.ffn_hidden), qw = d(q_width(m)), kvw = d(kv_width(m));
+  const double mlp_in_gemms = m.activation == Activation::swiglu ? 2.0 : 1.0;
+  double n = (h * (qw + 2.0 * kvw) + qw * h + mlp_in_gemms * h * f + f * h) / t  // GEMM shards
+             + 2.0 * d(norm_parameters(m));                                       // replicated
+  if (has_linear_biases(m)) {
+    n += ((qw + 2.0 * kvw) + mlp_in_gemms * f) / t;  // column-parallel biases, sharded
+    n += 2.0 * h;                                     // row-parallel biases, replicated
+  }
+  return n;
+}
+
+int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage) {
+  check_model(m);
+  if (l.pp <= 0) throw InputError("layout.pp=" + std::to_string(l.pp) + " must be positive");
+  if (stage < 0 || stage >= l.pp)
+    throw InputError("pipeline stage " + std::to_string(stage) + " is outside [0, layout.pp=" +
+                     std::to_string(l.pp) + ")");
+  if (m.layers % l.pp != 0)
+    throw InputError("model.layers=" + std::to_string(m.layers) + " is not divisible by layout.pp=" +
+                     std::to_string(l.pp));
+  return m.layers / l.pp;
+}
+
+double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage) {
+  const int64_t layers = stage_layer_count(m, l, stage);
+  const double t = d(l.tp);
+  double n = d(layers) * layer_parameters_per_tp_rank(m, l.tp);
+  const double word_embedding = d(m.vocab) * d(m.hidden) / t;  // vocab-parallel
+  if (stage == 0) {
+    // Word embedding sharded over the vocabulary; learned positions replicated over TP.
+    n += word_embedding + d(embedding_parameters(m, seq_len) - m.vocab * m.hidden);
+  }
+  if (stage == l.pp - 1) {
+    n += d(norm_parameters(m));  // final norm, replicated
+    if (!m.tied_embeddings)
+      n += word_embedding;  // untied LM head, vocab-parallel
+    else if (l.pp > 1)
+      n += word_embedding;  // Megatron keeps a copy of the tied word embedding on the last stage
+  }
+  return n;
+}
+
+}  // namespace dtsim

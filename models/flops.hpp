@@ -1,0 +1,118 @@
+#pragma once
+// FLOP counts and parameter counts of a decoder-only Transformer.
+//
+// Conventions (all counts are plain doubles / int64 element counts, no bytes here):
+// - One multiply-add is 2 FLOPs: an (m x k) @ (k x n) GEMM costs 2 m k n FLOPs.
+// - Only GEMMs (and the two attention batched GEMMs) are counted, as Narayanan et al. 2021
+//   (arXiv 2104.04473) Sec 5.1 / Eq. 3 and Korthikanti et al. 2022 (arXiv 2205.05198)
+//   Appendix A / Eq. 7-8 do; softmax, norms, activations, residuals are not counted.
+// - Backward = 2 x forward (activation-gradient GEMM + weight-gradient GEMM).
+// - Dense causal attention is counted in full (s x s_kv), as both papers do.
+//
+// Parameter counting rule (documented here, used everywhere):
+// - GEMM weights: Q is h x h; K and V are h x (kv_heads * head_dim) each (GQA);
+//   output projection h x h; MLP up h x ffn, gate h x ffn (SwiGLU only), down ffn x h.
+// - Linear biases: a GPT-style block (activation == gelu) has a bias on every linear
+//   layer (QKV, out proj, MLP up, MLP down) as GPT-2/GPT-3/Megatron GPT do; a Llama-style
+//   block (activation == swiglu) has no linear biases (Touvron et al. 2023, Llama 2).
+//   The rule is keyed on the activation, because ModelSpec has no explicit bias flag.
+// - Norms: layernorm has weight + bias (2h), rmsnorm weight only (h); two per block,
+//   plus one final norm before the LM head.
+// - Input embedding V*h, plus max_pos*h for learned positions (rope has none).
+// - LM head V*h when untied, none when tied to the input embedding.
+#include <cstdint>
+
+#include "models/experiment.hpp"
+
+namespace dtsim {
+
+/// One transformer layer, forward pass, WHOLE layer (not divided by TP), FLOPs.
+struct ForwardFlops {
+  double qkv = 0;               // 2 b s h (h + 2 kv_heads*head_dim)
+  double attention_scores = 0;  // Q K^T: 2 b s s_kv (heads*head_dim)
+  double attention_values = 0;  // softmax(.) V: 2 b s s_kv (heads*head_dim)
+  double out_proj = 0;          // 2 b s (heads*head_dim) h
+  double mlp_up = 0;            // 2 b s h ffn
+  double mlp_gate = 0;          // 2 b s h ffn for SwiGLU, 0 for GeLU
+  double mlp_down = 0;          // 2 b s ffn h
+  double total() const;
+};
+
+/// Forward FLOPs of one layer for b sequences of s query tokens each, attending to s_kv
+/// key tokens (s_kv = s without CP; with CP a rank holds s/cp queries against s keys).
+/// Dense causal attention is counted in full, as Narayanan 2021 Eq. 3 and Korthikanti 2022
+/// Eq. 7 do. GQA: K, V projections are kv_heads*head_dim wide. SwiGLU: mlp_gate is a
+/// second h x ffn GEMM. For a GPT block (MHA, ffn = 4h, gelu) total() = 24 b s h^2 + 4 b s^2 h.
+/// Throws InputError when b, s or s_kv is negative or the model has no heads/hidden.
+ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv);
+
+/// LM head (output projection to the vocabulary), forward: 2 b s h V FLOPs.
+double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s);
+
+/// Model FLOPs of one optimizer step, whole cluster: 3 x forward (fwd + activation-grad +
+/// weight-grad) of all layers and the LM head, for `global_batch` sequences of `seq`
+/// tokens. No recompute (Korthikanti 2022 Eq. 7 convention; for GPT blocks this equals
+/// 72 B L s h^2 (1 + s/(6h) + V/(12hL)) exactly).
+double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq);
+
+/// Hardware FLOPs of one step: model FLOPs + recomputed forward work.
+///  - full:      + one forward of every layer (not the LM head). For GPT blocks this is
+///                Narayanan 2021 Eq. 3, 96 B s l h^2 (1 + s/(6h) + V/(16lh)), exactly.
+///  - selective: + attention_scores + attention_values of every layer (one extra forward
+///                of core attention, the recompute Korthikanti 2022 Sec 5 describes).
+///                NOTE: Korthikanti Eq. 8 as printed, 72BLsh^2(1 + s/(3h) + V/(12hL)),
+///                adds 12BLs^2h (three forward passes' worth of attention GEMMs) while
+///                the text it is derived from adds one forward (4BLs^2h). We count the
+///                one forward; Eq. 8 is larger by exactly 8 B L s^2 h (a test pins this).
+///  - none:      + 0.
+double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq, Recompute r);
+
+/// Narayanan et al. 2021 Eq. 3 (full recompute, GPT): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+double narayanan_eq3_flops(int64_t B, int64_t s, int64_t l, int64_t h, int64_t V);
+/// Korthikanti et al. 2022 Eq. 7 (model FLOPs, GPT): 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
+double korthikanti_eq7_model_flops(int64_t B, int64_t s, int64_t L, int64_t h, int64_t V);
+/// Korthikanti et al. 2022 Eq. 8 as printed (hardware FLOPs, selective recompute, GPT):
+/// 72 B L s h^2 (1 + s/(3h) + V/(12 h L)). See hardware_flops_per_step for its relation
+/// to our count.
+double korthikanti_eq8_hardware_flops_selective(int64_t B, int64_t s, int64_t L, int64_t h, int64_t V);
+
+/// True when the block has linear biases under the rule above (activation == gelu).
+bool has_linear_biases(const ModelSpec& m);
+/// Elements of one norm: 2h for layernorm (weight + bias), h for rmsnorm (weight).
+int64_t norm_parameters(const ModelSpec& m);
+
+/// Parameters (elements) of one transformer layer: QKV + out proj (GQA-aware), MLP (incl.
+/// gate for SwiGLU), two norms, biases per the rule above. GPT: 12h^2 + 13h (Narayanan 2021
+/// Sec 5.1). Llama-2 7B: 4h^2 + 3 h ffn + 2h = 202,383,360.
+int64_t layer_parameters(const ModelSpec& m);
+/// Input embedding: V h, plus learned positions max_pos h (max_pos =
+/// m.max_position_embeddings, or `seq_len_for_learned_positions` when that is 0).
+int64_t embedding_parameters(const ModelSpec& m, int64_t seq_len_for_learned_positions);
+/// Output layer: V h when untied, 0 when tied to the input embedding.
+int64_t lm_head_parameters(const ModelSpec& m);
+/// Whole model: L layers + embedding + final norm + LM head (a tied LM head counted once).
+/// GPT-3 175B (L=96, h=12288, V=51200, s=2048, tied) = Narayanan 2021 Sec 5.1
+/// 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)) + 2h (the final layernorm, which that formula omits).
+int64_t total_parameters(const ModelSpec& m, int64_t seq_len);
+
+/// Parameters (elements) of one transformer layer held by ONE tensor-parallel rank
+/// (Megatron sharding, Shoeybi et al. 2019 Sec 3): GEMM weights / t; biases of
+/// column-parallel layers (QKV, MLP up/gate) / t; biases of row-parallel layers (out proj,
+/// MLP down) and the norms replicated. Returns a double because t need not divide evenly
+/// in what-if studies.
+double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp);
+
+/// Transformer layers held by pipeline stage `stage` (L / pp). Throws InputError when pp
+/// does not divide L (Megatron's default requirement) or stage is outside [0, pp).
+int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage);
+
+/// Parameters (elements) held by ONE rank of pipeline stage `stage` with layout `l`:
+/// its L/pp layers sharded as layer_parameters_per_tp_rank; the first stage also holds the
+/// word embedding (vocab-parallel, V h / t) and the learned position embedding
+/// (replicated over TP); the last stage the final norm (replicated) and the LM head
+/// (V h / t); with tied embeddings and pp > 1 the last stage holds its own copy of the
+/// word embedding as Megatron does (with pp == 1 it is shared, counted once). No ZeRO
+/// sharding here. Throws InputError for stage outside [0, pp) or a non-positive tp/pp.
+double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage);
+
+}  // namespace dtsim

@@ -1,0 +1,584 @@
+#include "models/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "models/compute_cost.hpp"
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "models/flops.hpp"
+
+namespace dtsim {
+
+const char* to_string(CommKind k) {
+  switch (k) {
+    case CommKind::TP: return "TP";
+    case CommKind::CP: return "CP";
+    case CommKind::PP: return "PP";
+    case CommKind::DP: return "DP";
+  }
+  return "?";
+}
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "AllReduce";
+    case Collective::ReduceScatter: return "ReduceScatter";
+    case Collective::AllGather: return "AllGather";
+  }
+  return "?";
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::recompute: return "recompute";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+RingCost ring_cost(Collective c, int64_t n, double size_bytes) {
+  if (n <= 1) return {};
+  const double frac = static_cast<double>(n - 1) / static_cast<double>(n);
+  switch (c) {
+    case Collective::AllReduce: return {2.0 * frac * size_bytes, 2 * (n - 1)};
+    case Collective::ReduceScatter:
+    case Collective::AllGather: return {frac * size_bytes, n - 1};
+  }
+  return {};
+}
+
+namespace {
+
+constexpr double kAct = 2.0;  // bytes per bf16 activation / weight element
+// Backward of an element-wise kernel reads the forward input and the output gradient
+// and writes the input gradient: 3 tensors against the forward's 2 (1.5x); norms make a
+// second pass for the weight-gradient reduction (2x). Assumption of this cost model.
+constexpr double kElementwiseBwd = 1.5;
+constexpr double kNormBwd = 2.0;
+// Bytes per attention-score element moved by unfused attention in forward: write QK^T
+// (2), softmax read (2) + write (2), dropout read (2) + mask write (1) + write (2), AV read
+// (2) = 13; the tensors Korthikanti 2022 Sec 4.1 lists for the attention core.
+constexpr double kUnfusedScoreBytes = 13.0;
+// Fused Adam (apex/Megatron multi-tensor): read fp32 grad (4), read+write fp32 master,
+// m and v (24), write bf16 param (2) = 30 bytes per parameter.
+constexpr double kAdamBytesPerParam = 30.0;
+// Vocab-parallel cross entropy: forward reads bf16 logits (2), writes and re-reads fp32
+// (4 + 4); backward reads fp32 softmax (4) and writes the bf16 gradient (2).
+constexpr double kCrossEntropyFwdBytes = 10.0;
+constexpr double kCrossEntropyBwdBytes = 6.0;
+// Megatron-Core DistributedDataParallelConfig: bucket_size = max(40,000,000,
+// 1,000,000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
+constexpr double kMegatronBucketMinParams = 40e6;
+constexpr double kMegatronBucketPerDpParams = 1e6;
+
+class Builder {
+ public:
+  Builder(const Experiment& e, StagePlan& sp, const PlanShape& shape)
+      : e_(e), m_(e.model), l_(e.layout), sp_(sp), shape_(shape) {
+    b_ = static_cast<double>(e.training.micro_batch);
+    s_ = static_cast<double>(shape.tokens_local);
+    t_ = static_cast<double>(l_.tp);
+    h_ = static_cast<double>(m_.hidden);
+    f_ = static_cast<double>(m_.ffn_hidden);
+    kvd_ = static_cast<double>(m_.kv_heads * m_.head_dim());
+    V_ = static_cast<double>(m_.vocab);
+    sp_on_ = l_.sequence_parallel && l_.tp > 1;
+    norm_tokens_ = b_ * s_ / (sp_on_ ? t_ : 1.0);
+    fwd_ = layer_forward_flops(m_, e.training.micro_batch, shape.tokens_local, e.training.seq_len);
+    dpcp_ = l_.dp * l_.cp;
+    layer_params_rank_ = layer_parameters_per_tp_rank(m_, l_.tp);
+    const bool flash = e.training.flash_attention;
+    attn_fwd_work_ = flash ? kFlashCausalWork : 1.0;
+    attn_bwd_work_ = flash ? kFlashCausalWork * kFlashBackwardWork / 2.0 : 1.0;
+  }
+
+  // ---- primitive appenders ----
+  void compute(const char* name, Phase ph, int layer, int mb, KernelKind k, double flops, double bytes,
+               int kernels = 1, double attention_work = 1.0) {
+    Op op;
+    op.type = OpType::compute;
+    op.name = name;
+    op.phase = ph;
+    op.layer = layer;
+    op.micro_batch = mb;
+    op.kernel = k;
+    op.flops = flops;
+    op.bytes = bytes;
+    op.kernels = kernels;
+    op.time_s = compute_time(op, e_.cluster.gpu, e_.training.dtype, attention_work);
+    sp_.ops.push_back(op);
+  }
+  void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k) {
+    // (m x k) @ (k x n): read both operands, write the result.
+    compute(name, ph, layer, mb, KernelKind::gemm, flops, kAct * (m * k + k * n + m * n));
+  }
+  void collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
+                  double size) {
+    if (group_size(g) <= 1) return;
+    Op op;
+    op.type = OpType::collective;
+    op.name = name;
+    op.phase = ph;
+    op.layer = layer;
+    op.micro_batch = mb;
+    op.kind = kind;
+    op.collective = c;
+    op.group = g;
+    op.size_bytes = size;
+    sp_.ops.push_back(op);
+  }
+  /// Returns the handle, or -1 when the group has one rank (nothing to wait for).
+  int issue(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
+            double size) {
+    if (group_size(g) <= 1) return -1;
+    Op op;
+    op.type = OpType::issue;
+    op.name = name;
+    op.phase = ph;
+    op.layer = layer;
+    op.micro_batch = mb;
+    op.kind = kind;
+    op.collective = c;
+    op.group = g;
+    op.size_bytes = size;
+    op.handle = sp_.handles++;
+    sp_.ops.push_back(op);
+    return op.handle;
+  }
+  void wait(int handle, CommKind kind, int layer, int mb, Phase ph) {
+    if (handle < 0) return;
+    Op op;
+    op.type = OpType::wait;
+    op.name = "wait";
+    op.kind = kind;
+    op.handle = handle;
+    op.layer = layer;
+    op.micro_batch = mb;
+    op.phase = ph;
+    sp_.ops.push_back(op);
+  }
+  void p2p(OpType type, Direction dir, int mb) {
+    Op op;
+    op.type = type;
+    op.name = type == OpType::send ? (dir == Direction::forward ? "send_activation" : "send_grad")
+                                   : (dir == Direction::forward ? "recv_activation" : "recv_grad");
+    op.kind = CommKind::PP;
+    op.group = GroupKind::PP;
+    op.dir = dir;
+    op.micro_batch = mb;
+    op.phase = dir == Direction::forward ? Phase::forward : Phase::backward;
+    // Megatron scatter/gather optimisation (Narayanan 2021 Sec 4.1): each TP rank sends
+    // 1/t of the activation; with sequence parallel the tensor is already 1/t.
+    op.size_bytes = kAct * b_ * s_ * h_ / t_;
+    sp_.ops.push_back(op);
+    if (type == OpType::recv && !sp_on_ && l_.tp > 1)
+      collective("pp_tp_allgather", op.phase, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
+                 kAct * b_ * s_ * h_);
+  }
+
+  int64_t group_size(GroupKind g) const {
+    switch (g) {
+      case GroupKind::TP: return l_.tp;
+      case GroupKind::CP: return l_.cp;
+      case GroupKind::DP: return l_.dp;
+      case GroupKind::PP: return l_.pp;
+      case GroupKind::DPxCP: return l_.dp * l_.cp;
+    }
+    return 1;
+  }
+
+  // ---- transformer layer ----
+  void norm(const char* name, Phase ph, int layer, int mb) {
+    const double bytes = kAct * 2.0 * norm_tokens_ * h_;
+    if (ph == Phase::backward)
+      compute(name, ph, layer, mb, KernelKind::memory, 0, bytes * kNormBwd);
+    else
+      compute(name, ph, layer, mb, KernelKind::memory, 0, bytes);
+  }
+  void dropout_residual(const char* name, Phase ph, int layer, int mb) {
+    // read input and residual, write output (2 B each) and the 1-byte dropout mask.
+    const double bytes = norm_tokens_ * h_ * (3 * kAct + 1);
+    compute(name, ph, layer, mb, KernelKind::memory, 0, ph == Phase::backward ? bytes * kElementwiseBwd : bytes);
+  }
+  void tp_enter(Phase ph, int layer, int mb, const char* name) {
+    // Forward: SP AllGathers the sequence-sharded norm output (g). No SP: identity.
+    if (sp_on_)
+      collective(name, ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * b_ * s_ * h_);
+  }
+  void tp_exit(Phase ph, int layer, int mb, const char* name) {
+    // Forward: SUM of the row-parallel partial outputs (AllReduce, or ReduceScatter with SP).
+    collective(name, ph, layer, mb, CommKind::TP, sp_on_ ? Collective::ReduceScatter : Collective::AllReduce,
+               GroupKind::TP, kAct * b_ * s_ * h_);
+  }
+
+  void attention_core_forward(Phase ph, int layer, int mb) {
+    const double heads_local = static_cast<double>(m_.heads) / t_;
+    const double S = static_cast<double>(e_.training.seq_len);
+    const double flops = (fwd_.attention_scores + fwd_.attention_values) / t_;
+    int cp_handle = -1;
+    if (l_.cp > 1) {
+      const double kv_block = kAct * 2.0 * b_ * s_ * kvd_ / t_;
+      cp_handle = issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP,
+                        kv_block * static_cast<double>(l_.cp));
+    }
+    const double cpf = static_cast<double>(l_.cp);
+    if (e_.training.flash_attention) {
+      const double bytes = kAct * b_ * (s_ * (2 * h_) + S * 2 * kvd_) / t_;
+      if (cp_handle >= 0) {
+        compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
+                attn_fwd_work_);
+        wait(cp_handle, CommKind::CP, layer, mb, ph);
+        compute("attention_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
+                bytes * (cpf - 1) / cpf, static_cast<int>(l_.cp - 1), attn_fwd_work_);
+      } else {
+        compute("attention", ph, layer, mb, KernelKind::attention, flops, bytes, 1, attn_fwd_work_);
+      }
+    } else {
+      wait(cp_handle, CommKind::CP, layer, mb, ph);
+      const double hd = static_cast<double>(m_.head_dim());
+      const double batch_heads = b_ * heads_local;
+      gemm("attention_scores", ph, layer, mb, fwd_.attention_scores / t_, batch_heads * s_, S, hd);
+      compute("softmax_dropout", ph, layer, mb, KernelKind::memory, 0,
+              batch_heads * s_ * S * kUnfusedScoreBytes, 2);
+      gemm("attention_values", ph, layer, mb, fwd_.attention_values / t_, batch_heads * s_, hd, S);
+    }
+  }
+
+  void attention_core_backward(int layer, int mb) {
+    const Phase ph = Phase::backward;
+    const double heads_local = static_cast<double>(m_.heads) / t_;
+    const double S = static_cast<double>(e_.training.seq_len);
+    const double flops = 2.0 * (fwd_.attention_scores + fwd_.attention_values) / t_;
+    const double cpf = static_cast<double>(l_.cp);
+    int kv = -1;
+    const double kv_size = kAct * 2.0 * b_ * s_ * kvd_ / t_ * cpf;
+    if (l_.cp > 1) kv = issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP, kv_size);
+    if (e_.training.flash_attention) {
+      const double bytes = kAct * b_ * (s_ * (4 * h_) + S * 4 * kvd_) / t_;
+      if (kv >= 0) {
+        compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
+                attn_bwd_work_);
+        wait(kv, CommKind::CP, layer, mb, ph);
+        const int dkv = issue("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter,
+                              GroupKind::CP, kv_size);
+        compute("attention_bwd_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
+                bytes * (cpf - 1) / cpf, static_cast<int>(l_.cp - 1), attn_bwd_work_);
+        wait(dkv, CommKind::CP, layer, mb, ph);
+      } else {
+        compute("attention_bwd", ph, layer, mb, KernelKind::attention, flops, bytes, 1, attn_bwd_work_);
+      }
+    } else {
+      wait(kv, CommKind::CP, layer, mb, ph);
+      const double hd = static_cast<double>(m_.head_dim());
+      const double batch_heads = b_ * heads_local;
+      gemm("attention_values_bwd", ph, layer, mb, 2.0 * fwd_.attention_values / t_, batch_heads * s_, hd, S);
+      compute("softmax_dropout_bwd", ph, layer, mb, KernelKind::memory, 0,
+              batch_heads * s_ * S * kUnfusedScoreBytes * kElementwiseBwd, 2);
+      gemm("attention_scores_bwd", ph, layer, mb, 2.0 * fwd_.attention_scores / t_, batch_heads * s_, S, hd);
+      if (l_.cp > 1)
+        collective("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter, GroupKind::CP,
+                   kv_size);
+    }
+  }
+
+  void layer_forward(int layer, int mb, Phase ph) {
+    const double tok = b_ * s_;
+    norm("input_norm", ph, layer, mb);
+    tp_enter(ph, layer, mb, "tp_allgather");
+    gemm("qkv", ph, layer, mb, fwd_.qkv / t_, tok, (h_ + 2 * kvd_) / t_, h_);
+    if (m_.position == Position::rope)
+      compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (h_ + kvd_) / t_);
+    attention_core_forward(ph, layer, mb);
+    gemm("out_proj", ph, layer, mb, fwd_.out_proj / t_, tok, h_, h_ / t_);
+    tp_exit(ph, layer, mb, sp_on_ ? "tp_reducescatter" : "tp_allreduce");
+    dropout_residual("dropout_residual", ph, layer, mb);
+    norm("post_attention_norm", ph, layer, mb);
+    tp_enter(ph, layer, mb, "tp_allgather");
+    gemm("mlp_up", ph, layer, mb, fwd_.mlp_up / t_, tok, f_ / t_, h_);
+    if (m_.activation == Activation::swiglu) {
+      gemm("mlp_gate", ph, layer, mb, fwd_.mlp_gate / t_, tok, f_ / t_, h_);
+      compute("swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * f_ / t_);
+    } else {
+      compute("gelu", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * f_ / t_);
+    }
+    gemm("mlp_down", ph, layer, mb, fwd_.mlp_down / t_, tok, h_, f_ / t_);
+    tp_exit(ph, layer, mb, sp_on_ ? "tp_reducescatter" : "tp_allreduce");
+    dropout_residual("dropout_residual", ph, layer, mb);
+  }
+
+  /// Backward of a column-parallel input region: with SP the weight gradient needs the
+  /// all-gathered input again, gathered while the input gradient is computed (Korthikanti
+  /// 2022 Sec 4.2.2); the input gradients are summed over TP (AllReduce, or ReduceScatter
+  /// back to the sequence shards with SP).
+  template <class Dgrad, class Wgrad>
+  void column_parallel_backward(int layer, int mb, Dgrad dgrad, Wgrad wgrad) {
+    const Phase ph = Phase::backward;
+    int regather = -1;
+    if (sp_on_)
+      regather = issue("tp_allgather_input", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
+                       kAct * b_ * s_ * h_);
+    dgrad();
+    wait(regather, CommKind::TP, layer, mb, ph);
+    wgrad();
+    collective(sp_on_ ? "tp_reducescatter" : "tp_allreduce", ph, layer, mb, CommKind::TP,
+               sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * b_ * s_ * h_);
+  }
+
+  void layer_backward(int layer, int mb) {
+    const Phase ph = Phase::backward;
+    const double tok = b_ * s_;
+    dropout_residual("dropout_residual_bwd", ph, layer, mb);
+    if (sp_on_)  // backward of the forward ReduceScatter
+      collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
+    gemm("mlp_down_dgrad", ph, layer, mb, fwd_.mlp_down / t_, tok, f_ / t_, h_);
+    gemm("mlp_down_wgrad", ph, layer, mb, fwd_.mlp_down / t_, f_ / t_, h_, tok);
+    if (m_.activation == Activation::swiglu)
+      compute("swiglu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * f_ / t_ * kElementwiseBwd);
+    else
+      compute("gelu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * f_ / t_ * kElementwiseBwd);
+    const double up_flops = (fwd_.mlp_up + fwd_.mlp_gate) / t_;
+    const double up_n = (m_.activation == Activation::swiglu ? 2.0 : 1.0) * f_ / t_;
+    column_parallel_backward(
+        layer, mb, [&] { gemm("mlp_up_dgrad", ph, layer, mb, up_flops, tok, h_, up_n); },
+        [&] { gemm("mlp_up_wgrad", ph, layer, mb, up_flops, h_, up_n, tok); });
+    norm("post_attention_norm_bwd", ph, layer, mb);
+    dropout_residual("dropout_residual_bwd", ph, layer, mb);
+    if (sp_on_)
+      collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
+    gemm("out_proj_dgrad", ph, layer, mb, fwd_.out_proj / t_, tok, h_ / t_, h_);
+    gemm("out_proj_wgrad", ph, layer, mb, fwd_.out_proj / t_, h_ / t_, h_, tok);
+    attention_core_backward(layer, mb);
+    if (m_.position == Position::rope)
+      compute("rope_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (h_ + kvd_) / t_);
+    const double qkv_n = (h_ + 2 * kvd_) / t_;
+    column_parallel_backward(
+        layer, mb, [&] { gemm("qkv_dgrad", ph, layer, mb, fwd_.qkv / t_, tok, h_, qkv_n); },
+        [&] { gemm("qkv_wgrad", ph, layer, mb, fwd_.qkv / t_, h_, qkv_n, tok); });
+    norm("input_norm_bwd", ph, layer, mb);
+  }
+
+  // ---- embedding, head, loss ----
+  void embedding_forward(int mb) {
+    const double tok = b_ * s_;
+    // Vocab-parallel lookup: gather rows (read + write), add positions when learned.
+    const double extra = m_.position == Position::learned ? 2.0 : 0.0;
+    compute("embedding", Phase::forward, -1, mb, KernelKind::memory, 0, kAct * (2.0 + extra) * tok * h_);
+    collective(sp_on_ ? "tp_reducescatter" : "tp_allreduce", Phase::forward, -1, mb, CommKind::TP,
+               sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * tok * h_);
+  }
+  void embedding_backward(int mb) {
+    const double tok = b_ * s_;
+    if (sp_on_)
+      collective("tp_allgather", Phase::backward, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
+                 kAct * tok * h_);
+    // Scatter-add of the output gradient into the fp32 embedding gradient.
+    compute("embedding_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, (kAct + 8.0) * tok * h_);
+  }
+  void head_forward(int mb) {
+    const double tok = b_ * s_;
+    norm("final_norm", Phase::forward, -1, mb);
+    tp_enter(Phase::forward, -1, mb, "tp_allgather");
+    gemm("lm_head", Phase::forward, -1, mb, lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_,
+         tok, V_ / t_, h_);
+    compute("cross_entropy", Phase::forward, -1, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * V_ / t_, 3);
+    // Vocab-parallel cross entropy: max, sum of exp and target logit summed over TP
+    // (Megatron-LM tensor_parallel/cross_entropy.py), fp32 per token.
+    for (int i = 0; i < 3; ++i)
+      collective("tp_allreduce_loss", Phase::forward, -1, mb, CommKind::TP, Collective::AllReduce, GroupKind::TP,
+                 4.0 * tok);
+  }
+  void head_backward(int mb) {
+    const double tok = b_ * s_;
+    compute("cross_entropy_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, kCrossEntropyBwdBytes * tok * V_ / t_);
+    const double fl = lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_;
+    column_parallel_backward(
+        -1, mb, [&] { gemm("lm_head_dgrad", Phase::backward, -1, mb, fl, tok, h_, V_ / t_); },
+        [&] { gemm("lm_head_wgrad", Phase::backward, -1, mb, fl, h_, V_ / t_, tok); });
+    norm("final_norm_bwd", Phase::backward, -1, mb);
+  }
+
+  // ---- data-parallel gradient sync and ZeRO ----
+  bool dp_active() const { return dpcp_ > 1; }
+  Collective grad_collective() const {
+    return l_.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
+  }
+  /// Called after the weight gradients of `params` elements are complete.
+  void grads_ready(double params, int layer, int mb, bool last_micro_batch) {
+    if (!dp_active()) return;
+    if (l_.zero_stage == 3) {
+      // ZeRO-3: gradients are sharded, so each micro-batch reduce-scatters its layer's
+      // grads to their owners (DeepSpeed stage 3 / FSDP).
+      dp_handles_.push_back(issue("dp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP,
+                                  Collective::ReduceScatter, GroupKind::DPxCP, params * shape_.grad_bytes_per_param));
+      return;
+    }
+    if (!last_micro_batch) return;
+    if (!e_.training.overlap_grad_reduce) {
+      pending_params_ += params;
+      return;
+    }
+    pending_params_ += params;
+    if (pending_params_ >= shape_.ddp_bucket_params) flush_bucket(layer, mb);
+  }
+  void flush_bucket(int layer, int mb) {
+    if (pending_params_ <= 0 || !dp_active()) return;
+    const double size = pending_params_ * shape_.grad_bytes_per_param;
+    dp_handles_.push_back(issue(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward,
+                                layer, mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size));
+    pending_params_ = 0;
+  }
+  /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle.
+  int zero3_gather(int layer, int mb, Phase ph) {
+    if (l_.zero_stage != 3 || !dp_active()) return -1;
+    return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
+                 layer_params_rank_ * kAct);
+  }
+
+  // ---- whole stage ----
+  void stage_forward(int mb) {
+    const bool first = sp_.stage == 0, last = sp_.stage == l_.pp - 1;
+    if (!first) p2p(OpType::recv, Direction::forward, mb);
+    if (first) embedding_forward(mb);
+    int next = zero3_gather(static_cast<int>(sp_.first_layer), mb, Phase::forward);
+    for (int64_t i = 0; i < sp_.layers; ++i) {
+      const int layer = static_cast<int>(sp_.first_layer + i);
+      const int cur = next;
+      next = (i + 1 < sp_.layers) ? zero3_gather(layer + 1, mb, Phase::forward) : -1;  // prefetch
+      wait(cur, CommKind::DP, layer, mb, Phase::forward);
+      layer_forward(layer, mb, Phase::forward);
+    }
+    if (last) head_forward(mb);
+    if (!last) p2p(OpType::send, Direction::forward, mb);
+  }
+
+  void stage_backward(int mb, bool last_mb) {
+    const bool first = sp_.stage == 0, last = sp_.stage == l_.pp - 1;
+    if (!last) p2p(OpType::recv, Direction::backward, mb);
+    if (last) {
+      head_backward(mb);
+      grads_ready(static_cast<double>(lm_head_or_tied_params()) / t_, -1, mb, last_mb);
+    }
+    int next = sp_.layers > 0 ? zero3_gather(static_cast<int>(sp_.first_layer + sp_.layers - 1), mb, Phase::backward) : -1;
+    for (int64_t i = sp_.layers - 1; i >= 0; --i) {
+      const int layer = static_cast<int>(sp_.first_layer + i);
+      const int cur = next;
+      next = i > 0 ? zero3_gather(layer - 1, mb, Phase::backward) : -1;
+      wait(cur, CommKind::DP, layer, mb, Phase::backward);
+      if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
+      if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+      layer_backward(layer, mb);
+      grads_ready(layer_params_rank_, layer, mb, last_mb);
+    }
+    if (first) {
+      embedding_backward(mb);
+      grads_ready(static_cast<double>(embedding_parameters(m_, e_.training.seq_len)) / t_, -1, mb, last_mb);
+    }
+    if (!first) p2p(OpType::send, Direction::backward, mb);
+  }
+
+  int64_t lm_head_or_tied_params() const {
+    // The last stage's head parameters: an untied LM head, or (pp > 1, tied) Megatron's
+    // copy of the word embedding; with pp == 1 and tied weights they are the embedding's,
+    // counted on the first-stage path.
+    if (!m_.tied_embeddings) return lm_head_parameters(m_);
+    return l_.pp > 1 ? m_.vocab * m_.hidden : 0;
+  }
+
+  void schedule_1f1b() {
+    // 1F1B (PipeDream-Flush; Narayanan 2021 Sec 2.2.1): stage r runs min(p - r - 1, m)
+    // warm-up forwards, then alternates one forward and one backward, then drains.
+    const int64_t m = shape_.micro_batches;
+    const int64_t warmup = std::min<int64_t>(l_.pp - sp_.stage - 1, m);
+    int64_t f = 0, bwd = 0;
+    for (; f < warmup; ++f) stage_forward(static_cast<int>(f));
+    for (; f < m; ++f) {
+      stage_forward(static_cast<int>(f));
+      stage_backward(static_cast<int>(bwd), bwd == m - 1);
+      ++bwd;
+    }
+    for (; bwd < m; ++bwd) stage_backward(static_cast<int>(bwd), bwd == m - 1);
+  }
+
+  void finish_step() {
+    const int last_layer = -1;
+    if (dp_active() && l_.zero_stage != 3) {
+      if (!e_.training.overlap_grad_reduce && pending_params_ > 0) {
+        const double size = pending_params_ * shape_.grad_bytes_per_param;
+        collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, last_layer,
+                   -1, CommKind::DP, grad_collective(), GroupKind::DPxCP, size);
+        pending_params_ = 0;
+      }
+      flush_bucket(last_layer, -1);
+    }
+    for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
+    // Optimizer: HBM-bound fused Adam over the parameters this rank owns.
+    const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
+    sp_.optimizer_params = owned;
+    compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
+    if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2))
+      collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
+                 GroupKind::DPxCP, sp_.params_per_rank * kAct);
+  }
+
+ private:
+  const Experiment& e_;
+  const ModelSpec& m_;
+  const Layout& l_;
+  StagePlan& sp_;
+  const PlanShape& shape_;
+  double b_ = 0, s_ = 0, t_ = 1, h_ = 0, f_ = 0, kvd_ = 0, V_ = 0;
+  bool sp_on_ = false;
+  double norm_tokens_ = 0;
+  ForwardFlops fwd_;
+  int64_t dpcp_ = 1;
+  double layer_params_rank_ = 0;
+  double attn_fwd_work_ = 1, attn_bwd_work_ = 1;
+  double pending_params_ = 0;
+  std::vector<int> dp_handles_;
+};
+
+}  // namespace
+
+StepPlan build_step_plan(const Experiment& exp) {
+  validate_experiment(exp);
+  StepPlan plan;
+  plan.exp = exp;
+  const Layout& l = exp.layout;
+  plan.shape.micro_batches = exp.training.accumulation(l);
+  plan.shape.tokens_local = exp.training.seq_len / l.cp;
+  // Megatron reduces fp32 main gradients (bf16 training forces
+  // accumulate_allreduce_grads_in_fp32, Megatron-LM arguments.py); DeepSpeed and the
+  // ZeRO paper reduce fp16/bf16 gradients (ZeRO Sec 3.1, 2 bytes).
+  plan.shape.grad_bytes_per_param = exp.training.framework == Framework::megatron ? 4 : 2;
+  plan.shape.ddp_bucket_params =
+      std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
+  const int64_t per_stage = exp.model.layers / l.pp;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    StagePlan sp;
+    sp.stage = s;
+    sp.first_layer = s * per_stage;
+    sp.layers = per_stage;
+    sp.params_per_rank = stage_parameters_per_rank(exp.model, l, exp.training.seq_len, s);
+    sp.grad_sync_bytes = sp.params_per_rank * static_cast<double>(plan.shape.grad_bytes_per_param);
+    Builder b(exp, sp, plan.shape);
+    b.schedule_1f1b();
+    b.finish_step();
+    plan.stages.push_back(std::move(sp));
+  }
+  return plan;
+}
+
+double plan_executed_flops(const StepPlan& plan) {
+  const Layout& l = plan.exp.layout;
+  const double ranks_per_stage = static_cast<double>(l.dp * l.tp * l.cp);
+  double total = 0;
+  for (const auto& st : plan.stages)
+    for (const auto& op : st.ops)
+      if (op.type == OpType::compute) total += op.flops * ranks_per_stage;
+  return total;
+}
+
+}  // namespace dtsim

@@ -1,0 +1,127 @@
+#pragma once
+// StepPlan: the contract between the models and the engines.
+//
+// One training step is described per pipeline stage, because every rank of a stage runs
+// the same sequence of operations (only the groups it talks to differ; the engine
+// resolves those from the RankGrid). A stage's plan is the ordered op list of its
+// compute stream; asynchronous collectives are handed to per-kind communication streams
+// (`issue`) and joined later (`wait`).
+//
+// Rules follow ../shared/design/MATH.md (carried here):
+//  - TP: column-parallel QKV / MLP-up, row-parallel out-proj / MLP-down; forward SUM of
+//    partial outputs (AllReduce, or ReduceScatter with sequence parallel), backward SUM
+//    of input grads; never divided by TP. (Shoeybi 2019 Sec 3; Korthikanti 2022 Sec 4.2)
+//  - CP: K/V blocks circulate around the CP ring (AllGather volume) in forward; in
+//    backward K/V again and dK/dV summed back at their owners (ReduceScatter volume).
+//  - PP: activations forward, activation grads backward, P2P between neighbouring
+//    stages, 1F1B schedule (Narayanan 2021 Sec 2.2.1).
+//  - DP: gradients reduced over the DP x CP group (ranks holding the same weights)
+//    once per step (ZeRO-0: AllReduce; ZeRO-1/2: ReduceScatter then parameter
+//    AllGather after the optimizer; ZeRO-3: parameter AllGather per layer in forward and
+//    backward, gradient ReduceScatter per layer and micro-batch).
+//  - Adam runs after gradient sync.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/experiment.hpp"
+#include "models/rank_grid.hpp"
+
+namespace dtsim {
+
+enum class CommKind { TP = 0, CP = 1, PP = 2, DP = 3 };
+inline constexpr int kCommKinds = 4;
+const char* to_string(CommKind);
+
+enum class Collective { AllReduce, ReduceScatter, AllGather };
+const char* to_string(Collective);
+
+enum class Phase { forward, backward, recompute, optimizer };
+const char* to_string(Phase);
+
+enum class OpType {
+  compute,     // a GPU kernel (or fused run of kernels): time_s on the compute stream
+  collective,  // blocking collective: the compute stream waits for it
+  issue,       // asynchronous collective handed to the stream of its kind
+  wait,        // compute stream waits until collective `handle` completed
+  send,        // P2P send to the next (forward) or previous (backward) stage, async
+  recv,        // P2P receive from the previous (forward) or next (backward) stage
+};
+
+enum class Direction { forward, backward };
+
+/// What kind of kernel a compute op is; the cost model times each kind differently.
+enum class KernelKind { gemm, attention, memory, optimizer };
+
+struct Op {
+  OpType type = OpType::compute;
+  const char* name = "";  // static string: "qkv", "tp_allreduce", ...
+  Phase phase = Phase::forward;
+  int32_t layer = -1;         // global layer index, -1 for embedding/head/optimizer
+  int32_t micro_batch = -1;
+
+  // compute
+  KernelKind kernel = KernelKind::memory;
+  double flops = 0;       // FLOPs executed by this rank
+  double bytes = 0;       // HBM bytes moved by this rank
+  double time_s = 0;      // filled by the compute cost model
+  int32_t kernels = 1;    // kernel launches this op stands for
+
+  // collective / issue / wait
+  CommKind kind = CommKind::TP;
+  Collective collective = Collective::AllReduce;
+  GroupKind group = GroupKind::TP;
+  /// nccl-tests "size": the full buffer in bytes (AllReduce: the tensor; ReduceScatter:
+  /// the input, i.e. n x output; AllGather: the output, i.e. n x input). Send/recv: the
+  /// message size.
+  double size_bytes = 0;
+  int32_t handle = -1;    // issue/wait pairing, unique within a stage
+
+  Direction dir = Direction::forward;  // send/recv
+};
+
+struct StagePlan {
+  int64_t stage = 0;
+  int64_t first_layer = 0;
+  int64_t layers = 0;
+  std::vector<Op> ops;
+  int32_t handles = 0;             // number of issue handles used
+  double params_per_rank = 0;      // elements, before ZeRO sharding
+  double grad_sync_bytes = 0;      // bytes this rank contributes to DP gradient sync
+  double optimizer_params = 0;     // elements the rank's optimizer updates
+};
+
+/// Sizes that the plan builder derives once from an experiment.
+struct PlanShape {
+  int64_t micro_batches = 0;   // gradient accumulation steps (per DP rank)
+  int64_t tokens_local = 0;    // s / CP: query tokens per rank per sequence
+  int64_t grad_bytes_per_param = 4;  // bytes per gradient element reduced over DP
+  double ddp_bucket_params = 0;      // elements per DDP bucket
+};
+
+struct StepPlan {
+  Experiment exp;
+  PlanShape shape;
+  std::vector<StagePlan> stages;
+};
+
+/// Builds the plan of one training step and times every compute op with the roofline
+/// cost model (models/compute_cost.hpp). Throws InputError when the experiment is
+/// invalid (validate_experiment).
+StepPlan build_step_plan(const Experiment& exp);
+
+/// Bytes of a message carried by each ring edge and the number of latency steps of a
+/// ring collective over n ranks on a buffer of `size_bytes` (nccl-tests convention):
+/// AllReduce 2(n-1)/n S over 2(n-1) steps; ReduceScatter and AllGather (n-1)/n S over
+/// n-1 steps (Patarasuk & Yuan 2009; NCCL ring algorithm). n == 1 -> {0, 0}.
+struct RingCost {
+  double edge_bytes = 0;
+  int64_t steps = 0;
+};
+RingCost ring_cost(Collective c, int64_t n, double size_bytes);
+
+/// Total FLOPs the plan executes on all ranks of one step (sum over stages of rank FLOPs
+/// times ranks per stage). Used to cross-check the plan against models/flops.hpp.
+double plan_executed_flops(const StepPlan& plan);
+
+}  // namespace dtsim

@@ -1,0 +1,123 @@
+// Rank placement on the TP x CP x DP x PP grid (TP innermost), as Megatron-LM's default
+// order; see models/rank_grid.hpp.
+#include "models/rank_grid.hpp"
+
+#include <set>
+#include <sstream>
+
+#include "models/errors.hpp"
+
+namespace dtsim {
+
+const char* to_string(GroupKind k) {
+  switch (k) {
+    case GroupKind::TP: return "TP";
+    case GroupKind::CP: return "CP";
+    case GroupKind::DP: return "DP";
+    case GroupKind::PP: return "PP";
+    case GroupKind::DPxCP: return "DPxCP";
+  }
+  return "?";
+}
+
+RankGrid::RankGrid(const Layout& layout) : l_(layout) {
+  if (l_.dp < 1 || l_.tp < 1 || l_.cp < 1 || l_.pp < 1)
+    throw InputError("layout: dp=" + std::to_string(l_.dp) + " tp=" + std::to_string(l_.tp) +
+                     " cp=" + std::to_string(l_.cp) + " pp=" + std::to_string(l_.pp) +
+                     " must all be >= 1");
+}
+
+int64_t RankGrid::rank_of(const RankCoord& c) const {
+  if (c.tp < 0 || c.tp >= l_.tp || c.cp < 0 || c.cp >= l_.cp || c.dp < 0 || c.dp >= l_.dp ||
+      c.pp < 0 || c.pp >= l_.pp)
+    throw InputError("rank coordinate (tp=" + std::to_string(c.tp) + ", cp=" + std::to_string(c.cp) +
+                     ", dp=" + std::to_string(c.dp) + ", pp=" + std::to_string(c.pp) +
+                     ") is outside the grid");
+  return c.tp + l_.tp * (c.cp + l_.cp * (c.dp + l_.dp * c.pp));
+}
+
+RankCoord RankGrid::coord_of(int64_t rank) const {
+  if (rank < 0 || rank >= world())
+    throw InputError("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world()) + ")");
+  RankCoord c;
+  c.tp = rank % l_.tp;
+  rank /= l_.tp;
+  c.cp = rank % l_.cp;
+  rank /= l_.cp;
+  c.dp = rank % l_.dp;
+  c.pp = rank / l_.dp;
+  return c;
+}
+
+std::vector<int64_t> RankGrid::group_of(int64_t rank, GroupKind kind) const {
+  const RankCoord base = coord_of(rank);
+  std::vector<int64_t> out;
+  switch (kind) {
+    case GroupKind::TP:
+      for (int64_t i = 0; i < l_.tp; ++i) { RankCoord c = base; c.tp = i; out.push_back(rank_of(c)); }
+      break;
+    case GroupKind::CP:
+      for (int64_t i = 0; i < l_.cp; ++i) { RankCoord c = base; c.cp = i; out.push_back(rank_of(c)); }
+      break;
+    case GroupKind::DP:
+      for (int64_t i = 0; i < l_.dp; ++i) { RankCoord c = base; c.dp = i; out.push_back(rank_of(c)); }
+      break;
+    case GroupKind::PP:
+      for (int64_t i = 0; i < l_.pp; ++i) { RankCoord c = base; c.pp = i; out.push_back(rank_of(c)); }
+      break;
+    case GroupKind::DPxCP:
+      // CP is inside DP in the rank order, so iterating dp outer / cp inner is ascending.
+      for (int64_t i = 0; i < l_.dp; ++i)
+        for (int64_t j = 0; j < l_.cp; ++j) {
+          RankCoord c = base;
+          c.dp = i;
+          c.cp = j;
+          out.push_back(rank_of(c));
+        }
+      break;
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> RankGrid::groups(GroupKind kind) const {
+  std::vector<std::vector<int64_t>> out;
+  std::vector<bool> seen(static_cast<size_t>(world()), false);
+  for (int64_t r = 0; r < world(); ++r) {
+    if (seen[static_cast<size_t>(r)]) continue;
+    auto g = group_of(r, kind);
+    for (int64_t x : g) seen[static_cast<size_t>(x)] = true;
+    out.push_back(std::move(g));  // r is the smallest unseen rank, so sorted by first rank
+  }
+  return out;
+}
+
+std::string describe_groups(const RankGrid& grid, int64_t gpus_per_node) {
+  if (gpus_per_node < 1)
+    throw InputError("cluster.gpus_per_node=" + std::to_string(gpus_per_node) + " must be >= 1");
+  std::vector<GroupKind> kinds = {GroupKind::TP, GroupKind::CP, GroupKind::DP, GroupKind::PP};
+  if (grid.layout().cp > 1) kinds.push_back(GroupKind::DPxCP);  // equals DP when cp == 1
+  std::ostringstream os;
+  for (GroupKind k : kinds) {
+    const auto gs = grid.groups(k);
+    for (size_t i = 0; i < gs.size(); ++i) {
+      os << to_string(k) << " group " << i << ": ranks [";
+      std::set<int64_t> nodes;
+      for (size_t j = 0; j < gs[i].size(); ++j) {
+        if (j) os << ", ";
+        os << gs[i][j];
+        nodes.insert(gs[i][j] / gpus_per_node);
+      }
+      os << "] (" << (nodes.size() == 1 ? "node " : "nodes ");
+      bool first = true;
+      for (int64_t n : nodes) {
+        if (!first) os << ", ";
+        os << n;
+        first = false;
+      }
+      os << ")\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace dtsim
