@@ -16,7 +16,12 @@ std::string join_lines(const std::vector<std::string>& lines) {
 InputError::InputError(std::vector<std::string> problems)
     : std::runtime_error(join_lines(problems)), problems_(std::move(problems)) {}
 
-void ProblemList::add(const std::string& message) { problems_.push_back(file_ + ": " + message); }
+void ProblemList::add(const std::string& message) {
+  std::string line;
+  line.reserve(file_.size() + 2 + message.size());
+  line.append(file_).append(": ").append(message);
+  problems_.push_back(std::move(line));
+}
 
 void ProblemList::throw_if_any() const {
   if (!problems_.empty()) throw InputError(problems_);

@@ -92,6 +92,19 @@ struct Training {
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };
 
+/// A published measurement of this experiment (optional top-level `published:` map), kept
+/// so validation can compare against it. Zero means "not published".
+struct Published {
+  double step_time_s = 0;     // iteration time, seconds
+  double tflops_per_gpu = 0;  // as the source reports it (model or hardware FLOPs: see below)
+  /// True when tflops_per_gpu counts recomputed FLOPs too (hardware FLOPs), e.g.
+  /// Narayanan 2021 Table 1 (its Eq. 3 includes the recompute forward pass). YAML:
+  /// `published.tflops_basis: hardware` (default `model`).
+  bool tflops_includes_recompute = false;
+  double mfu = 0;             // model FLOPs utilization, fraction in [0,1]
+  std::string source;         // paper / table / row
+};
+
 struct Experiment {
   std::string source;   // file the experiment was read from (for error messages)
   std::string title;    // free text
@@ -99,6 +112,7 @@ struct Experiment {
   ClusterSpec cluster;
   Layout layout;
   Training training;
+  Published published;  // optional; all zero when the file has no `published:` map
 };
 
 const char* to_string(Activation);

@@ -459,7 +459,7 @@ class Builder {
     if (!last) p2p(OpType::recv, Direction::backward, mb);
     if (last) {
       head_backward(mb);
-      grads_ready(static_cast<double>(lm_head_or_tied_params()) / t_, -1, mb, last_mb);
+      grads_ready(head_params_rank(), -1, mb, last_mb);
     }
     int next = sp_.layers > 0 ? zero3_gather(static_cast<int>(sp_.first_layer + sp_.layers - 1), mb, Phase::backward) : -1;
     for (int64_t i = sp_.layers - 1; i >= 0; --i) {
@@ -474,17 +474,27 @@ class Builder {
     }
     if (first) {
       embedding_backward(mb);
-      grads_ready(static_cast<double>(embedding_parameters(m_, e_.training.seq_len)) / t_, -1, mb, last_mb);
+      grads_ready(embedding_params_rank(), -1, mb, last_mb);
     }
     if (!first) p2p(OpType::send, Direction::backward, mb);
   }
 
-  int64_t lm_head_or_tied_params() const {
-    // The last stage's head parameters: an untied LM head, or (pp > 1, tied) Megatron's
-    // copy of the word embedding; with pp == 1 and tied weights they are the embedding's,
-    // counted on the first-stage path.
-    if (!m_.tied_embeddings) return lm_head_parameters(m_);
-    return l_.pp > 1 ? m_.vocab * m_.hidden : 0;
+  /// Parameters of the last stage's head on one rank: the final norm (replicated over
+  /// TP) and the vocab-parallel LM head, or with tied weights and pp > 1 Megatron's copy
+  /// of the word embedding; with pp == 1 and tied weights the head is the embedding.
+  double head_params_rank() const {
+    double vocab_rows = 0;
+    if (!m_.tied_embeddings) vocab_rows = static_cast<double>(lm_head_parameters(m_));
+    else if (l_.pp > 1) vocab_rows = static_cast<double>(m_.vocab * m_.hidden);
+    return vocab_rows / t_ + static_cast<double>(norm_parameters(m_));
+  }
+  /// The first stage's embedding parameters on one rank: whatever the stage holds beyond
+  /// its layers (and, when it is also the last stage, the head), so that every parameter
+  /// of stage_parameters_per_rank has its gradient reduced exactly once.
+  double embedding_params_rank() const {
+    double rest = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
+    if (sp_.stage == l_.pp - 1) rest -= head_params_rank();
+    return rest;
   }
 
   void schedule_1f1b() {
@@ -504,14 +514,15 @@ class Builder {
 
   void finish_step() {
     const int last_layer = -1;
+    const int mb = static_cast<int>(shape_.micro_batches - 1);
     if (dp_active() && l_.zero_stage != 3) {
       if (!e_.training.overlap_grad_reduce && pending_params_ > 0) {
         const double size = pending_params_ * shape_.grad_bytes_per_param;
         collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, last_layer,
-                   -1, CommKind::DP, grad_collective(), GroupKind::DPxCP, size);
+                   mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size);
         pending_params_ = 0;
       }
-      flush_bucket(last_layer, -1);
+      flush_bucket(last_layer, mb);
     }
     for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
     // Optimizer: HBM-bound fused Adam over the parameters this rank owns.

@@ -51,6 +51,7 @@ struct StepResult {
   double model_flops = 0;     // per step, whole cluster (no recompute)
   double hardware_flops = 0;  // per step, whole cluster (incl. recompute)
   double tflops_per_gpu = 0;  // model FLOPs / step time / GPUs / 1e12
+  double hardware_tflops_per_gpu = 0;  // hardware FLOPs (incl. recompute) / step time / GPUs / 1e12
   double mfu = 0;             // model FLOPs / (step time * GPUs * peak)
   double hfu = 0;             // hardware FLOPs / (step time * GPUs * peak)
   double compute_s = 0;       // mean over stages of compute busy time

@@ -38,6 +38,7 @@ StepResult result_from_json_text(const std::string& text) {
     r.model_flops = j.at("model_flops").get<double>();
     r.hardware_flops = j.at("hardware_flops").get<double>();
     r.tflops_per_gpu = j.at("tflops_per_gpu").get<double>();
+    r.hardware_tflops_per_gpu = j.at("hardware_tflops_per_gpu").get<double>();
     r.mfu = j.at("mfu").get<double>();
     r.hfu = j.at("hfu").get<double>();
     r.compute_s = j.at("compute_s").get<double>();

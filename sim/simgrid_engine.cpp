@@ -345,6 +345,15 @@ void Simulation::recv(RankState& rs, const Op& op) {
   const double t0 = sg4::Engine::get_clock();
   auto* mb = mailbox(rs.rank, op.dir);
   auto* msg = mb->get<Message>();
+  // P2P latency (alpha) on top of the bandwidth term carried by the flow: when the rank
+  // waited for the bytes it also waits alpha; when they were already there, it waits
+  // only for what is left of alpha since the send was posted.
+  const int64_t src = pp_peer(rs.rank, op.dir, false);
+  const auto& cl = plan_.exp.cluster;
+  const double alpha = src / gpn_ == rs.rank / gpn_ ? cl.nvlink.latency : std::max(cl.nvlink.latency, cl.nic.latency);
+  const double arrived = sg4::Engine::get_clock();
+  const double extra = arrived > t0 ? alpha : std::max(0.0, msg->posted_at + alpha - t0);
+  if (extra > 0) sg4::this_actor::sleep_for(extra);
   const double t1 = sg4::Engine::get_clock();
   // The transfer started when the sender posted it (eager: the receiver's mailbox has a
   // permanent receiver, as Megatron pre-posts its irecv). Waiting before that is bubble;
@@ -420,6 +429,7 @@ StepResult Simulation::run() {
       {"network/bandwidth-factor", "1.0"},
       {"network/latency-factor", "1.0"},
       {"network/weight-S", "0"},
+      {"maxmin/precision", "1e-9"},
   };
   StepResult res;
   for (const auto& [k, v] : flags) {
@@ -471,6 +481,7 @@ StepResult Simulation::run() {
                                                                                         : e.cluster.gpu.peak_bf16_flops;
   if (res.step_time_s > 0) {
     res.tflops_per_gpu = res.model_flops / res.step_time_s / gpus / 1e12;
+    res.hardware_tflops_per_gpu = res.hardware_flops / res.step_time_s / gpus / 1e12;
     res.mfu = res.model_flops / (res.step_time_s * gpus * peak);
     res.hfu = res.hardware_flops / (res.step_time_s * gpus * peak);
   }
@@ -497,7 +508,10 @@ StepResult Simulation::run() {
     }
     const double inv = count > 0 ? 1.0 / count : 0.0;
     sr.compute_s = sum.compute_s * inv;
-    sr.bubble_s = sum.bubble_s * inv;
+    // Pipeline bubble: waiting on the schedule (a recv before its data was sent) plus the
+    // idle tail after the stage's own last operation until the step ends (a last stage
+    // finishes while gradients drain towards the first): (p-1)(t_f+t_b) per stage in 1F1B.
+    sr.bubble_s = sum.bubble_s * inv + (res.step_time_s - sum.finish_s);
     sr.finish_s = sum.finish_s;
     for (int k = 0; k < kCommKinds; ++k) {
       CommStats cs;

@@ -1,0 +1,58 @@
+#include "models/experiment.hpp"
+
+namespace dtsim {
+
+// The spellings returned here are the ones experiment files use (models/experiment_io.cpp
+// parses them back), so a report can be fed back as input.
+
+const char* to_string(Activation a) {
+  switch (a) {
+    case Activation::gelu: return "gelu";
+    case Activation::swiglu: return "swiglu";
+  }
+  return "?";
+}
+
+const char* to_string(Norm n) {
+  switch (n) {
+    case Norm::layernorm: return "layernorm";
+    case Norm::rmsnorm: return "rmsnorm";
+  }
+  return "?";
+}
+
+const char* to_string(Position p) {
+  switch (p) {
+    case Position::learned: return "learned";
+    case Position::rope: return "rope";
+  }
+  return "?";
+}
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+const char* to_string(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: return "bf16";
+    case Dtype::fp8: return "fp8";
+  }
+  return "?";
+}
+
+const char* to_string(Framework f) {
+  switch (f) {
+    case Framework::megatron: return "megatron";
+    case Framework::deepspeed: return "deepspeed";
+    case Framework::zero_paper: return "zero-paper";
+  }
+  return "?";
+}
+
+}  // namespace dtsim

@@ -1,0 +1,1002 @@
+// Experiment files: YAML schema, `--set` overrides, Hugging Face config.json import and
+// cross-section validation. See models/experiment_io.hpp for the contract.
+//
+// Schema (every key not listed here is an error naming its dotted path):
+//   title: string (optional)
+//   published: {step_time_s, tflops_per_gpu, tflops_basis (model|hardware; model), mfu,
+//          source} (optional)
+//   model: name, layers, hidden, heads, kv_heads (= heads), ffn_hidden, activation
+//          (gelu|swiglu), vocab, tied_embeddings, norm (layernorm|rmsnorm), position
+//          (learned|rope), max_position_embeddings (optional), hf_config (optional PATH,
+//          relative to the YAML file; YAML keys beside it override the JSON)
+//   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
+//          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead}),
+//          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
+//          efficiency}, nics_per_node, nic {bandwidth, latency, efficiency},
+//          fabric (non-blocking), hbm_reserve
+//   layout: dp (integer or auto), tp, cp (1), pp (1), zero_stage (0), sequence_parallel
+//          (false), recompute (none|selective|full; none)
+//   training: seq_len, global_batch, micro_batch, dtype (bf16|fp8; bf16), flash_attention
+//          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
+//          megatron)
+#include "models/experiment_io.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "models/errors.hpp"
+#include "models/units.hpp"
+#include "topologies/gpu_presets.hpp"
+#include "topologies/node_presets.hpp"
+
+namespace dtsim {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------
+// Schema: the valid keys of every map in the file, by dotted path.
+
+const std::vector<std::string>* keys_of(const std::string& map_path) {
+  static const std::map<std::string, std::vector<std::string>> schema = {
+      {"", {"title", "model", "cluster", "layout", "training", "published"}},
+      {"model",
+       {"name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "activation", "vocab",
+        "tied_embeddings", "norm", "position", "max_position_embeddings", "hf_config"}},
+      {"cluster",
+       {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
+        "hbm_reserve"}},
+      {"cluster.gpu",
+       {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
+        "memory_efficiency", "kernel_overhead"}},
+      {"cluster.nvlink", {"bandwidth", "latency", "efficiency"}},
+      {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
+      {"layout", {"dp", "tp", "cp", "pp", "zero_stage", "sequence_parallel", "recompute"}},
+      {"training",
+       {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
+        "framework"}},
+      {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
+  };
+  auto it = schema.find(map_path);
+  return it == schema.end() ? nullptr : &it->second;
+}
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) {
+    if (!out.empty()) out += ", ";
+    out += i;
+  }
+  return out;
+}
+
+std::string quote(const std::string& s) { return "\"" + s + "\""; }
+
+std::string describe_node(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Null: return "empty";
+    case YAML::NodeType::Undefined: return "undefined";
+  }
+  return "?";
+}
+
+std::optional<int64_t> to_int(const std::string& text) {
+  int64_t v = 0;
+  const char* b = text.data();
+  const char* e = text.data() + text.size();
+  if (b != e && *b == '+') ++b;
+  auto [ptr, ec] = std::from_chars(b, e, v);
+  if (ec != std::errc() || ptr != e || b == e) return std::nullopt;
+  return v;
+}
+
+std::optional<double> to_double(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  for (char c : text)
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E'))
+      return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> to_bool(const std::string& text) {
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  return std::nullopt;
+}
+
+template <class E>
+using Choices = std::vector<std::pair<std::string, E>>;
+
+template <class E>
+std::string choice_names(const Choices<E>& choices) {
+  std::vector<std::string> names;
+  for (const auto& c : choices) names.push_back(c.first);
+  return join_list(names);
+}
+
+const Choices<Activation> kActivations = {{"gelu", Activation::gelu}, {"swiglu", Activation::swiglu}};
+const Choices<Norm> kNorms = {{"layernorm", Norm::layernorm}, {"rmsnorm", Norm::rmsnorm}};
+const Choices<Position> kPositions = {{"learned", Position::learned}, {"rope", Position::rope}};
+const Choices<Recompute> kRecomputes = {
+    {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
+const Choices<Dtype> kDtypes = {{"bf16", Dtype::bf16}, {"fp8", Dtype::fp8}};
+const Choices<Framework> kFrameworks = {
+    {"megatron", Framework::megatron}, {"deepspeed", Framework::deepspeed}, {"zero-paper", Framework::zero_paper}};
+
+// ---------------------------------------------------------------------------------------
+// Parse context: the problem list plus the keys that failed to parse ("bad" keys). The
+// cross-section checks skip any check that involves a bad key, so each mistake is reported
+// once, while problems in unrelated keys are still all reported together.
+
+class Context {
+ public:
+  explicit Context(ProblemList& problems) : problems_(problems) {}
+  /// Reports `message` and marks `key` (a dotted path; a map marks everything below it).
+  void fail(const std::string& key, const std::string& message) {
+    bad_.insert(key);
+    problems_.add(message);
+  }
+  /// Reports `message` without marking a key (e.g. an unknown key: its value is ignored).
+  void note(const std::string& message) { problems_.add(message); }
+  const std::set<std::string>& bad() const { return bad_; }
+
+ private:
+  ProblemList& problems_;
+  std::set<std::string> bad_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Reader: typed access to one YAML map with the dotted path for messages. Problems go to
+// the shared ProblemList; a getter returns nullopt when the key is absent or invalid.
+
+class Reader {
+ public:
+  Reader(Context& ctx, YAML::Node node, std::string path)
+      : ctx_(ctx), node_(std::move(node)), path_(std::move(path)) {}
+
+  /// True when the node is a map; reports unknown and duplicate keys. An absent node
+  /// (undefined) is fine and reads as an empty map.
+  bool check_map() {
+    if (!node_.IsDefined() || node_.IsNull()) return true;
+    if (!node_.IsMap()) {
+      ctx_.fail(path_, (path_.empty() ? std::string("the file") : path_) + " must be a map (got " +
+                           describe_node(node_) + ")");
+      valid_ = false;
+      return false;
+    }
+    const std::vector<std::string>* valid = keys_of(path_);
+    std::set<std::string> seen;
+    for (const auto& kv : node_) {
+      if (!kv.first.IsScalar()) {
+        ctx_.note("a key under " + (path_.empty() ? std::string("the top level") : path_) + " is not a scalar");
+        continue;
+      }
+      const std::string key = kv.first.Scalar();
+      if (!seen.insert(key).second) ctx_.fail(join_path(path_, key), "duplicate key " + join_path(path_, key));
+      if (valid && std::find(valid->begin(), valid->end(), key) == valid->end())
+        ctx_.note("unknown key " + join_path(path_, key) + " (valid keys" +
+                      (path_.empty() ? std::string("") : " under " + path_) + ": " + join_list(*valid) + ")");
+    }
+    return true;
+  }
+
+  bool has(const std::string& key) const {
+    return valid_ && node_.IsDefined() && node_.IsMap() && get(key).IsDefined();
+  }
+  YAML::Node child(const std::string& key) const {
+    if (!has(key)) return YAML::Node(YAML::NodeType::Undefined);
+    return get(key);
+  }
+  std::string path(const std::string& key) const { return join_path(path_, key); }
+  const std::string& path() const { return path_; }
+  Context& ctx() { return ctx_; }
+
+  std::optional<std::string> scalar(const std::string& key) {
+    if (!has(key)) return std::nullopt;
+    const YAML::Node n = get(key);
+    if (n.IsNull()) {
+      ctx_.fail(path(key), path(key) + " has no value (give one or remove the key)");
+      return std::nullopt;
+    }
+    if (!n.IsScalar()) {
+      ctx_.fail(path(key), path(key) + " must be a single value (got " + describe_node(n) + ")");
+      return std::nullopt;
+    }
+    return n.Scalar();
+  }
+
+  std::optional<std::string> text(const std::string& key) { return scalar(key); }
+
+  std::optional<int64_t> integer(const std::string& key) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    auto v = to_int(*s);
+    if (!v) ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not an integer");
+    return v;
+  }
+
+  std::optional<double> number(const std::string& key) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    auto v = to_double(*s);
+    if (!v) ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not a number");
+    return v;
+  }
+
+  std::optional<bool> boolean(const std::string& key) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    auto v = to_bool(*s);
+    if (!v) ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not a boolean (expected true or false)");
+    return v;
+  }
+
+  std::optional<double> quantity(const std::string& key, Quantity q) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    try {
+      return parse_quantity(*s, q);
+    } catch (const InputError& e) {
+      ctx_.fail(path(key), path(key) + "=" + e.problems().front());
+      return std::nullopt;
+    }
+  }
+
+  template <class E>
+  std::optional<E> choice(const std::string& key, const Choices<E>& choices) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    for (const auto& c : choices)
+      if (c.first == *s) return c.second;
+    ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not one of " + choice_names(choices));
+    return std::nullopt;
+  }
+
+  void require(const std::string& key, const std::string& what = "") {
+    ctx_.fail(path(key), path(key) + " is required" + (what.empty() ? std::string() : " (" + what + ")"));
+  }
+
+ private:
+  // Const lookup: never inserts the key into the map.
+  YAML::Node get(const std::string& key) const {
+    const YAML::Node& n = node_;
+    return n[key];
+  }
+
+  Context& ctx_;
+  YAML::Node node_;
+  std::string path_;
+  bool valid_ = true;
+};
+
+template <class T>
+void set_if(T& target, const std::optional<T>& v) {
+  if (v) target = *v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face config.json.
+
+struct ModelDraft {
+  std::optional<std::string> name;
+  std::optional<int64_t> layers, hidden, heads, kv_heads, ffn_hidden, vocab, max_pos;
+  std::optional<Activation> activation;
+  std::optional<bool> tied;
+  std::optional<Norm> norm;
+  std::optional<Position> position;
+  // Which config.json key feeds each ModelSpec field (for "missing" messages).
+  std::map<std::string, std::string> json_key;
+};
+
+enum class HfFamily { llama, gpt2, neox };
+
+class HfReader {
+ public:
+  HfReader(Context& ctx, const nlohmann::json& j, std::string where)
+      : ctx_(ctx), j_(j), where_(std::move(where)) {}
+
+  std::optional<int64_t> integer(const std::string& key) {
+    if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
+    const auto& v = j_[key];
+    if (v.is_number_integer()) return v.get<int64_t>();
+    add(quote(key) + "=" + v.dump() + " is not an integer");
+    return std::nullopt;
+  }
+  std::optional<bool> boolean(const std::string& key) {
+    if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
+    const auto& v = j_[key];
+    if (v.is_boolean()) return v.get<bool>();
+    add(quote(key) + "=" + v.dump() + " is not a boolean");
+    return std::nullopt;
+  }
+  std::optional<std::string> text(const std::string& key) {
+    if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
+    const auto& v = j_[key];
+    if (v.is_string()) return v.get<std::string>();
+    add(quote(key) + "=" + v.dump() + " is not a string");
+    return std::nullopt;
+  }
+  bool contains(const std::string& key) const { return j_.contains(key); }
+  std::optional<Activation> activation(const std::string& key) {
+    auto act = text(key);
+    if (!act) return std::nullopt;
+    // silu/swish in Llama-style configs is the gated SwiGLU MLP; every gelu variant
+    // (gelu, gelu_new, gelu_fast, gelu_pytorch_tanh) is a plain GeLU MLP.
+    if (*act == "silu" || *act == "swish") return Activation::swiglu;
+    if (act->rfind("gelu", 0) == 0) return Activation::gelu;
+    add(quote(key) + "=" + quote(*act) + " is not supported (supported: silu, swish -> swiglu; gelu* -> gelu)");
+    return std::nullopt;
+  }
+  // Any problem in the JSON marks the whole model section.
+  void add(const std::string& msg) { ctx_.fail("model", where_ + ": " + msg); }
+
+ private:
+  Context& ctx_;
+  const nlohmann::json& j_;
+  std::string where_;
+};
+
+std::optional<HfFamily> detect_family(HfReader& r, const nlohmann::json& j) {
+  if (j.contains("model_type") && j["model_type"].is_string()) {
+    const std::string t = j["model_type"].get<std::string>();
+    if (t == "llama" || t == "mistral" || t == "qwen2") return HfFamily::llama;
+    if (t == "gpt2") return HfFamily::gpt2;
+    if (t == "gpt_neox") return HfFamily::neox;
+    r.add("model_type=" + quote(t) + " is not supported (supported: llama, mistral, qwen2, gpt2, gpt_neox)");
+    return std::nullopt;
+  }
+  if (r.contains("n_embd") || r.contains("n_layer")) return HfFamily::gpt2;
+  if (r.contains("rotary_pct") || r.contains("use_parallel_residual")) return HfFamily::neox;
+  if (r.contains("num_hidden_layers")) return HfFamily::llama;
+  r.add("no \"model_type\" and no recognizable keys (supported: llama, mistral, qwen2, gpt2, gpt_neox)");
+  return std::nullopt;
+}
+
+// Fills `d` from a config.json. Returns false when the file cannot be used at all.
+bool read_hf_config(Context& ctx, const std::string& key_path, const std::string& value,
+                    const std::string& base_dir, ModelDraft& d) {
+  const fs::path file = fs::path(value).is_absolute() ? fs::path(value) : fs::path(base_dir) / value;
+  const std::string where = key_path + "=" + quote(value);
+  std::ifstream in(file);
+  if (!in) {
+    ctx.fail("model", where + ": cannot read " + file.string() + " (no such file or not readable)");
+    return false;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    ctx.fail("model", where + ": " + file.string() + " is not valid JSON (" + e.what() + ")");
+    return false;
+  }
+  if (!j.is_object()) {
+    ctx.fail("model", where + ": " + file.string() + " is not a JSON object");
+    return false;
+  }
+  HfReader r(ctx, j, where);
+  const auto family = detect_family(r, j);
+  if (!family) return false;
+
+  d.name = r.text("_name_or_path");
+  if (!d.name || d.name->empty()) d.name = file.stem().string();
+
+  switch (*family) {
+    case HfFamily::llama:  // Llama, Mistral, Qwen2 (transformers LlamaConfig key names)
+      d.json_key = {{"layers", "num_hidden_layers"},   {"hidden", "hidden_size"},
+                    {"heads", "num_attention_heads"},  {"ffn_hidden", "intermediate_size"},
+                    {"vocab", "vocab_size"},           {"activation", "hidden_act"}};
+      d.layers = r.integer("num_hidden_layers");
+      d.hidden = r.integer("hidden_size");
+      d.heads = r.integer("num_attention_heads");
+      d.kv_heads = r.integer("num_key_value_heads");  // absent -> = heads (MHA)
+      d.ffn_hidden = r.integer("intermediate_size");
+      d.vocab = r.integer("vocab_size");
+      d.activation = r.activation("hidden_act");
+      d.tied = r.boolean("tie_word_embeddings");  // transformers default: false
+      if (!d.tied) d.tied = false;
+      d.norm = Norm::rmsnorm;
+      d.position = Position::rope;
+      d.max_pos = r.integer("max_position_embeddings");
+      break;
+    case HfFamily::gpt2:  // transformers GPT2Config
+      d.json_key = {{"layers", "n_layer"}, {"hidden", "n_embd"}, {"heads", "n_head"}, {"vocab", "vocab_size"}};
+      d.layers = r.integer("n_layer");
+      d.hidden = r.integer("n_embd");
+      d.heads = r.integer("n_head");
+      d.kv_heads = d.heads;
+      d.ffn_hidden = r.integer("n_inner");  // null -> 4 * n_embd (GPT2Config docs)
+      if (!d.ffn_hidden && d.hidden) d.ffn_hidden = 4 * *d.hidden;
+      d.json_key["ffn_hidden"] = "n_inner (or n_embd)";
+      d.vocab = r.integer("vocab_size");
+      d.activation = r.activation("activation_function");
+      if (!d.activation && !r.contains("activation_function")) d.activation = Activation::gelu;
+      d.tied = r.boolean("tie_word_embeddings");  // GPT-2 ties input and output embeddings
+      if (!d.tied) d.tied = true;
+      d.norm = Norm::layernorm;
+      d.position = Position::learned;
+      d.max_pos = r.integer("n_positions");
+      if (!d.max_pos) d.max_pos = r.integer("n_ctx");
+      break;
+    case HfFamily::neox:  // transformers GPTNeoXConfig
+      d.json_key = {{"layers", "num_hidden_layers"},  {"hidden", "hidden_size"},
+                    {"heads", "num_attention_heads"}, {"ffn_hidden", "intermediate_size"},
+                    {"vocab", "vocab_size"}};
+      d.layers = r.integer("num_hidden_layers");
+      d.hidden = r.integer("hidden_size");
+      d.heads = r.integer("num_attention_heads");
+      d.kv_heads = d.heads;
+      d.ffn_hidden = r.integer("intermediate_size");
+      d.vocab = r.integer("vocab_size");
+      d.activation = r.activation("hidden_act");
+      if (!d.activation && !r.contains("hidden_act")) d.activation = Activation::gelu;
+      d.tied = r.boolean("tie_word_embeddings");  // GPTNeoXConfig default: false
+      if (!d.tied) d.tied = false;
+      d.norm = Norm::layernorm;
+      d.position = Position::rope;  // rotary embeddings (rotary_pct of each head)
+      d.max_pos = r.integer("max_position_embeddings");
+      break;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sections.
+
+ModelSpec read_model(Reader r, const std::string& base_dir) {
+  ModelSpec m;
+  if (!r.check_map()) return m;
+  ModelDraft d;
+  std::string hf_value;
+  bool from_hf = false;
+  if (auto hf = r.text("hf_config")) {
+    hf_value = *hf;
+    from_hf = read_hf_config(r.ctx(), r.path("hf_config"), *hf, base_dir, d);
+    if (!from_hf) return m;
+  }
+  // YAML keys override the JSON.
+  if (auto v = r.text("name")) d.name = v;
+  if (auto v = r.integer("layers")) d.layers = v;
+  if (auto v = r.integer("hidden")) d.hidden = v;
+  if (auto v = r.integer("heads")) d.heads = v;
+  if (auto v = r.integer("kv_heads")) d.kv_heads = v;
+  if (auto v = r.integer("ffn_hidden")) d.ffn_hidden = v;
+  if (auto v = r.integer("vocab")) d.vocab = v;
+  if (auto v = r.integer("max_position_embeddings")) d.max_pos = v;
+  if (auto v = r.choice("activation", kActivations)) d.activation = v;
+  if (auto v = r.boolean("tied_embeddings")) d.tied = v;
+  if (auto v = r.choice("norm", kNorms)) d.norm = v;
+  if (auto v = r.choice("position", kPositions)) d.position = v;
+
+  auto missing = [&](const std::string& field, bool present) {
+    if (present) return;
+    if (from_hf) {
+      auto it = d.json_key.find(field);
+      const std::string jk = it == d.json_key.end() ? std::string() : it->second;
+      r.ctx().fail(r.path(field), r.path(field) + " is required: not set in the YAML and hf_config " +
+                                      quote(hf_value) +
+                                      (jk.empty() ? std::string(" does not provide it") : " has no " + quote(jk)));
+    } else {
+      r.require(field);
+    }
+  };
+  missing("name", d.name.has_value());
+  missing("layers", d.layers.has_value());
+  missing("hidden", d.hidden.has_value());
+  missing("heads", d.heads.has_value());
+  missing("ffn_hidden", d.ffn_hidden.has_value());
+  missing("vocab", d.vocab.has_value());
+  missing("activation", d.activation.has_value());
+  missing("tied_embeddings", d.tied.has_value());
+  missing("norm", d.norm.has_value());
+  missing("position", d.position.has_value());
+
+  set_if(m.name, d.name);
+  set_if(m.layers, d.layers);
+  set_if(m.hidden, d.hidden);
+  set_if(m.heads, d.heads);
+  m.kv_heads = d.kv_heads ? *d.kv_heads : m.heads;  // default: MHA
+  set_if(m.ffn_hidden, d.ffn_hidden);
+  set_if(m.vocab, d.vocab);
+  set_if(m.max_position_embeddings, d.max_pos);
+  set_if(m.activation, d.activation);
+  set_if(m.tied_embeddings, d.tied);
+  set_if(m.norm, d.norm);
+  set_if(m.position, d.position);
+  return m;
+}
+
+void read_link(Reader& cluster, const std::string& key, LinkSpec& link, bool preset, bool needed) {
+  Reader r(cluster.ctx(), cluster.child(key), cluster.path(key));
+  if (!r.check_map()) return;
+  if (!cluster.has(key) && !preset) {
+    if (needed) cluster.require(key, "{bandwidth, latency, efficiency}, or give cluster.node");
+    return;
+  }
+  auto bw = r.quantity("bandwidth", Quantity::bandwidth);
+  auto lat = r.quantity("latency", Quantity::time);
+  auto eff = r.number("efficiency");
+  set_if(link.bandwidth, bw);
+  set_if(link.latency, lat);
+  set_if(link.efficiency, eff);
+  if (!preset) {
+    if (!r.has("bandwidth")) r.require("bandwidth");
+    if (!r.has("latency")) r.require("latency");
+    if (!r.has("efficiency")) r.require("efficiency", "NCCL bus bandwidth / line rate");
+  }
+}
+
+GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
+  GpuSpec g;
+  const std::string path = cluster.path("gpu");
+  if (!cluster.has("gpu")) {
+    if (node) return gpu_preset(node->gpu);
+    cluster.require("gpu", "a preset name (" + gpu_preset_list() + ") or a map");
+    return g;
+  }
+  const YAML::Node n = cluster.child("gpu");
+  if (n.IsNull()) {
+    cluster.ctx().fail(path, path + " has no value (give a preset name or a map)");
+    return g;
+  }
+  if (n.IsScalar()) {
+    const std::string name = n.Scalar();
+    if (const GpuSpec* p = find_gpu_preset(name)) return *p;
+    cluster.ctx().fail(path, path + "=" + quote(name) + " is not a GPU preset (valid: " + gpu_preset_list() + ")");
+    return g;
+  }
+  Reader r(cluster.ctx(), n, path);
+  if (!r.check_map()) return g;
+  bool preset = false;
+  if (auto p = r.text("preset")) {
+    if (const GpuSpec* ps = find_gpu_preset(*p)) {
+      g = *ps;
+      preset = true;
+    } else {
+      r.ctx().fail(path, r.path("preset") + "=" + quote(*p) + " is not a GPU preset (valid: " +
+                             gpu_preset_list() + ")");
+      return g;
+    }
+  }
+  set_if(g.name, r.text("name"));
+  set_if(g.peak_bf16_flops, r.quantity("peak_bf16", Quantity::flop_rate));
+  set_if(g.peak_fp8_flops, r.quantity("peak_fp8", Quantity::flop_rate));
+  set_if(g.hbm_bytes, r.quantity("hbm", Quantity::bytes));
+  set_if(g.hbm_bandwidth, r.quantity("hbm_bandwidth", Quantity::bandwidth));
+  set_if(g.gemm_efficiency, r.number("gemm_efficiency"));
+  set_if(g.memory_efficiency, r.number("memory_efficiency"));
+  set_if(g.kernel_overhead, r.quantity("kernel_overhead", Quantity::time));
+  if (!preset) {
+    for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
+                          "kernel_overhead"})
+      if (!r.has(k)) r.require(k, "or give gpu.preset");
+  }
+  return g;
+}
+
+ClusterSpec read_cluster(Reader r) {
+  ClusterSpec c;
+  if (!r.check_map()) return c;
+  const NodePreset* node = nullptr;
+  if (auto name = r.text("node")) {
+    node = find_node_preset(*name);
+    if (!node)
+      // Everything the node would have filled is unknown: mark the whole cluster.
+      r.ctx().fail("cluster", r.path("node") + "=" + quote(*name) + " is not a node preset (valid: " +
+                                  node_preset_list() + ")");
+  }
+  if (node) {
+    c.gpus_per_node = node->gpus_per_node;
+    c.nvlink = node->nvlink;
+    c.nics_per_node = node->nics_per_node;
+    c.nic = node->nic;
+    c.hbm_reserve_bytes = node->hbm_reserve_bytes;
+  }
+  c.gpu = read_gpu(r, node);
+  if (auto v = r.integer("nodes")) c.nodes = *v;
+  else if (!r.has("nodes")) r.require("nodes");
+  if (auto v = r.integer("gpus_per_node")) c.gpus_per_node = *v;
+  else if (!r.has("gpus_per_node") && !node) r.require("gpus_per_node", "or give cluster.node");
+  set_if(c.nics_per_node, r.integer("nics_per_node"));
+  if (!node && !r.has("nics_per_node") && c.nodes > 1) r.require("nics_per_node", "or give cluster.node");
+  read_link(r, "nvlink", c.nvlink, node != nullptr, c.gpus_per_node > 1);
+  read_link(r, "nic", c.nic, node != nullptr, c.nodes > 1);
+  if (auto f = r.text("fabric")) {
+    c.fabric = *f;
+    if (*f != "non-blocking")
+      r.ctx().fail(r.path("fabric"),
+                   r.path("fabric") + "=" + quote(*f) + " is not supported: only non-blocking is supported");
+  }
+  set_if(c.hbm_reserve_bytes, r.quantity("hbm_reserve", Quantity::bytes));
+  if (auto n = r.text("name")) c.name = *n;
+  else c.name = std::to_string(c.nodes) + " x " + (node ? node->name : c.gpu.name);
+  return c;
+}
+
+struct LayoutDraft {
+  Layout layout;
+  bool dp_auto = false;
+};
+
+LayoutDraft read_layout(Reader r) {
+  LayoutDraft d;
+  Layout& l = d.layout;
+  if (!r.check_map()) return d;
+  if (r.has("dp")) {
+    const YAML::Node n = r.child("dp");
+    if (n.IsScalar() && n.Scalar() == "auto") d.dp_auto = true;
+    else set_if(l.dp, r.integer("dp"));
+  } else {
+    r.require("dp", "an integer or auto");
+  }
+  if (auto v = r.integer("tp")) l.tp = *v;
+  else if (!r.has("tp")) r.require("tp");
+  set_if(l.cp, r.integer("cp"));
+  set_if(l.pp, r.integer("pp"));
+  if (auto z = r.integer("zero_stage")) {
+    if (*z < 0 || *z > 3)
+      r.ctx().fail(r.path("zero_stage"), r.path("zero_stage") + "=" + std::to_string(*z) + " must be 0, 1, 2 or 3");
+    else l.zero_stage = static_cast<int>(*z);
+  }
+  set_if(l.sequence_parallel, r.boolean("sequence_parallel"));
+  set_if(l.recompute, r.choice("recompute", kRecomputes));
+  return d;
+}
+
+Training read_training(Reader r) {
+  Training t;
+  if (!r.check_map()) return t;
+  for (const char* k : {"seq_len", "global_batch", "micro_batch"})
+    if (!r.has(k)) r.require(k);
+  set_if(t.seq_len, r.integer("seq_len"));
+  set_if(t.global_batch, r.integer("global_batch"));
+  set_if(t.micro_batch, r.integer("micro_batch"));
+  set_if(t.dtype, r.choice("dtype", kDtypes));
+  set_if(t.flash_attention, r.boolean("flash_attention"));
+  set_if(t.overlap_grad_reduce, r.boolean("overlap_grad_reduce"));
+  set_if(t.framework, r.choice("framework", kFrameworks));
+  return t;
+}
+
+Published read_published(Reader r) {
+  Published p;
+  if (!r.check_map()) return p;
+  set_if(p.step_time_s, r.number("step_time_s"));
+  set_if(p.tflops_per_gpu, r.number("tflops_per_gpu"));
+  set_if(p.mfu, r.number("mfu"));
+  static const Choices<bool> kBases = {{"model", false}, {"hardware", true}};
+  set_if(p.tflops_includes_recompute, r.choice("tflops_basis", kBases));
+  set_if(p.source, r.text("source"));
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// --set overrides.
+
+std::vector<std::string> split_dots(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == '.') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+// Returns a copy of `node` with `segs[i..]` set to `value`. Intermediate maps are created;
+// a scalar `cluster.gpu` (a preset name) becomes {preset: NAME} when a field below it is set.
+YAML::Node with_value(const YAML::Node& node, const std::vector<std::string>& segs, size_t i,
+                      const YAML::Node& value, const std::string& map_path) {
+  YAML::Node out;
+  if (node.IsDefined() && node.IsMap()) {
+    out = YAML::Clone(node);
+  } else {
+    out = YAML::Node(YAML::NodeType::Map);
+    if (map_path == "cluster.gpu" && node.IsDefined() && node.IsScalar()) out["preset"] = node.Scalar();
+  }
+  const std::string& key = segs[i];
+  if (i + 1 == segs.size()) {
+    out[key] = value;
+    return out;
+  }
+  const YAML::Node& const_out = out;
+  YAML::Node child = const_out[key].IsDefined() ? YAML::Clone(const_out[key]) : YAML::Node(YAML::NodeType::Undefined);
+  out[key] = with_value(child, segs, i + 1, value, join_path(map_path, key));
+  return out;
+}
+
+YAML::Node apply_overrides(YAML::Node root, const std::vector<std::string>& overrides, ProblemList& problems) {
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos) {
+      problems.add("--set " + quote(o) + ": missing '=' (expected --set key.path=value, e.g. --set layout.tp=4)");
+      continue;
+    }
+    const std::string key = o.substr(0, eq);
+    const std::string text = o.substr(eq + 1);
+    const auto segs = split_dots(key);
+    // Check the path against the schema.
+    std::string parent;
+    bool ok = true;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const std::vector<std::string>* valid = keys_of(parent);
+      if (!valid || segs[i].empty() ||
+          std::find(valid->begin(), valid->end(), segs[i]) == valid->end()) {
+        problems.add("--set " + o + ": unknown key " + join_path(parent, segs[i]) +
+                     (valid ? " (valid keys" + (parent.empty() ? std::string("") : " under " + parent) + ": " +
+                                  join_list(*valid) + ")"
+                            : std::string(" (") + parent + " is a single value, not a map)"));
+        ok = false;
+        break;
+      }
+      parent = join_path(parent, segs[i]);
+    }
+    if (!ok) continue;
+    YAML::Node value;
+    try {
+      value = YAML::Load(text);
+    } catch (const YAML::Exception&) {
+      value = YAML::Node(YAML::NodeType::Undefined);
+    }
+    if (!value.IsDefined() || !value.IsScalar()) {
+      problems.add("--set " + o + ": " + quote(text) + " is not a single YAML value");
+      continue;
+    }
+    root = with_value(root, segs, 0, value, "");
+  }
+  return root;
+}
+
+// ---------------------------------------------------------------------------------------
+
+bool divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
+
+std::string fmt_double(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+// The cross-section checks. A check is skipped when one of the keys it involves is in
+// `bad` (or below a bad map), because that key already has its own problem.
+void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
+  const ModelSpec& m = e.model;
+  const ClusterSpec& c = e.cluster;
+  const Layout& l = e.layout;
+  const Training& t = e.training;
+  auto s = [](auto v) { return std::to_string(v); };
+  auto ok = [&](std::initializer_list<std::string_view> keys) {
+    for (std::string_view k : keys)
+      for (const auto& b : bad)
+        if (k == b || (k.size() > b.size() && k.substr(0, b.size()) == b && k[b.size()] == '.')) return false;
+    return true;
+  };
+
+  // Positive integers.
+  const std::pair<const char*, int64_t> positives[] = {
+      {"model.layers", m.layers},          {"model.hidden", m.hidden},
+      {"model.heads", m.heads},            {"model.kv_heads", m.kv_heads},
+      {"model.ffn_hidden", m.ffn_hidden},  {"model.vocab", m.vocab},
+      {"cluster.nodes", c.nodes},          {"cluster.gpus_per_node", c.gpus_per_node},
+      {"layout.dp", l.dp},                 {"layout.tp", l.tp},
+      {"layout.cp", l.cp},                 {"layout.pp", l.pp},
+      {"training.seq_len", t.seq_len},     {"training.global_batch", t.global_batch},
+      {"training.micro_batch", t.micro_batch},
+  };
+  for (const auto& [key, v] : positives)
+    if (ok({key}) && v <= 0) p.add(std::string(key) + "=" + s(v) + " must be a positive integer");
+  if (ok({"model.max_position_embeddings"}) && m.max_position_embeddings < 0)
+    p.add("model.max_position_embeddings=" + s(m.max_position_embeddings) + " must be >= 0");
+  if (ok({"layout.zero_stage"}) && (l.zero_stage < 0 || l.zero_stage > 3))
+    p.add("layout.zero_stage=" + s(l.zero_stage) + " must be 0, 1, 2 or 3");
+  if (ok({"cluster.nics_per_node"}) && c.nics_per_node < 0)
+    p.add("cluster.nics_per_node=" + s(c.nics_per_node) + " must be >= 0");
+
+  // Model shape.
+  if (ok({"model.hidden", "model.heads"}) && m.heads > 0 && m.hidden > 0 && m.hidden % m.heads != 0)
+    p.add("model.hidden=" + s(m.hidden) + " is not a multiple of model.heads=" + s(m.heads));
+  if (ok({"model.heads", "model.kv_heads"}) && m.heads > 0 && m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+    p.add("model.heads=" + s(m.heads) + " is not a multiple of model.kv_heads=" + s(m.kv_heads) +
+          " (each key/value head serves a whole group of query heads)");
+  if (ok({"model.position", "model.max_position_embeddings", "training.seq_len"}) &&
+      m.position == Position::learned && m.max_position_embeddings > 0 && t.seq_len > m.max_position_embeddings)
+    p.add("training.seq_len=" + s(t.seq_len) + " exceeds model.max_position_embeddings=" +
+          s(m.max_position_embeddings) + " (learned position embeddings)");
+
+  // Layout against cluster and model.
+  if (ok({"layout.dp", "layout.tp", "layout.cp", "layout.pp", "cluster.nodes", "cluster.gpus_per_node"}) &&
+      l.dp > 0 && l.tp > 0 && l.cp > 0 && l.pp > 0 && c.nodes > 0 && c.gpus_per_node > 0 &&
+      l.dp * l.tp * l.cp * l.pp != c.gpus())
+    p.add("layout.dp*tp*cp*pp=" + s(l.dp) + "*" + s(l.tp) + "*" + s(l.cp) + "*" + s(l.pp) + "=" +
+          s(l.dp * l.tp * l.cp * l.pp) + " does not equal the cluster's GPUs cluster.nodes*gpus_per_node=" +
+          s(c.nodes) + "*" + s(c.gpus_per_node) + "=" + s(c.gpus()));
+  if (l.tp > 0 && ok({"layout.tp"})) {
+    if (ok({"model.heads"}) && m.heads > 0 && !divides(l.tp, m.heads))
+      p.add("layout.tp=" + s(l.tp) + " does not divide model.heads=" + s(m.heads));
+    if (ok({"model.kv_heads"}) && m.kv_heads > 0 && !divides(l.tp, m.kv_heads))
+      p.add("layout.tp=" + s(l.tp) + " does not divide model.kv_heads=" + s(m.kv_heads));
+    if (ok({"model.ffn_hidden"}) && m.ffn_hidden > 0 && !divides(l.tp, m.ffn_hidden))
+      p.add("layout.tp=" + s(l.tp) + " does not divide model.ffn_hidden=" + s(m.ffn_hidden) +
+            " (the MLP is split across tensor-parallel ranks)");
+    if (ok({"model.vocab"}) && m.vocab > 0 && !divides(l.tp, m.vocab))
+      p.add("layout.tp=" + s(l.tp) + " does not divide model.vocab=" + s(m.vocab) +
+            " (the embedding and output layer are split across tensor-parallel ranks; pad the vocabulary)");
+  }
+  if (ok({"layout.pp", "model.layers"}) && l.pp > 0 && m.layers > 0 && !divides(l.pp, m.layers))
+    p.add("layout.pp=" + s(l.pp) + " does not divide model.layers=" + s(m.layers));
+  if (ok({"layout.cp", "training.seq_len"}) && l.cp > 0 && t.seq_len > 0 && !divides(l.cp, t.seq_len))
+    p.add("layout.cp=" + s(l.cp) + " does not divide training.seq_len=" + s(t.seq_len));
+
+  // Batch: whole gradient-accumulation steps.
+  if (ok({"training.global_batch", "training.micro_batch", "layout.dp"}) && t.micro_batch > 0 && l.dp > 0 &&
+      t.global_batch > 0 && t.global_batch % (t.micro_batch * l.dp) != 0)
+    p.add("training.global_batch=" + s(t.global_batch) + " is not a multiple of training.micro_batch*layout.dp=" +
+          s(t.micro_batch * l.dp));
+
+  // Cluster.
+  if (ok({"cluster.nics_per_node", "cluster.gpus_per_node"}) && c.nics_per_node > 0 && c.gpus_per_node > 0 &&
+      c.gpus_per_node % c.nics_per_node != 0)
+    p.add("cluster.nics_per_node=" + s(c.nics_per_node) + " does not divide cluster.gpus_per_node=" +
+          s(c.gpus_per_node));
+  if (ok({"cluster.nics_per_node", "cluster.nodes"}) && c.nodes > 1 && c.nics_per_node == 0)
+    p.add("cluster.nics_per_node=0 but cluster.nodes=" + s(c.nodes) + " needs network interfaces");
+  if (ok({"cluster.fabric"}) && c.fabric != "non-blocking")
+    p.add("cluster.fabric=\"" + c.fabric + "\" is not supported: only non-blocking is supported");
+
+  auto fraction = [&](const std::string& key, double v) {
+    if (ok({key}) && !(v > 0 && v <= 1)) p.add(key + "=" + fmt_double(v) + " must be in (0, 1]");
+  };
+  auto positive = [&](const std::string& key, double v, const char* unit) {
+    if (ok({key}) && !(v > 0)) p.add(key + "=" + fmt_double(v) + " " + unit + " must be > 0");
+  };
+  auto non_negative = [&](const std::string& key, double v, const char* unit) {
+    if (ok({key}) && !(v >= 0)) p.add(key + "=" + fmt_double(v) + " " + unit + " must be >= 0");
+  };
+  positive("cluster.gpu.peak_bf16", c.gpu.peak_bf16_flops, "FLOP/s");
+  non_negative("cluster.gpu.peak_fp8", c.gpu.peak_fp8_flops, "FLOP/s");
+  positive("cluster.gpu.hbm", c.gpu.hbm_bytes, "B");
+  positive("cluster.gpu.hbm_bandwidth", c.gpu.hbm_bandwidth, "B/s");
+  fraction("cluster.gpu.gemm_efficiency", c.gpu.gemm_efficiency);
+  fraction("cluster.gpu.memory_efficiency", c.gpu.memory_efficiency);
+  non_negative("cluster.gpu.kernel_overhead", c.gpu.kernel_overhead, "s");
+  if (c.gpus_per_node > 1) {
+    positive("cluster.nvlink.bandwidth", c.nvlink.bandwidth, "B/s");
+    non_negative("cluster.nvlink.latency", c.nvlink.latency, "s");
+    fraction("cluster.nvlink.efficiency", c.nvlink.efficiency);
+  }
+  if (c.nodes > 1) {
+    positive("cluster.nic.bandwidth", c.nic.bandwidth, "B/s");
+    non_negative("cluster.nic.latency", c.nic.latency, "s");
+    fraction("cluster.nic.efficiency", c.nic.efficiency);
+  }
+  non_negative("cluster.hbm_reserve", c.hbm_reserve_bytes, "B");
+  if (ok({"cluster.hbm_reserve", "cluster.gpu.hbm"}) && c.gpu.hbm_bytes > 0 && c.hbm_reserve_bytes >= c.gpu.hbm_bytes)
+    p.add("cluster.hbm_reserve=" + fmt_double(c.hbm_reserve_bytes) +
+          " B leaves no memory: it is not below cluster.gpu.hbm=" + fmt_double(c.gpu.hbm_bytes) + " B");
+
+  // Training.
+  if (ok({"training.dtype", "cluster.gpu.peak_fp8"}) && t.dtype == Dtype::fp8 && !(c.gpu.peak_fp8_flops > 0))
+    p.add("training.dtype=fp8 needs FP8 tensor cores, but cluster.gpu " + c.gpu.name + " has peak_fp8=0");
+
+  // Published figures.
+  non_negative("published.step_time_s", e.published.step_time_s, "s");
+  non_negative("published.tflops_per_gpu", e.published.tflops_per_gpu, "TFLOP/s");
+  if (ok({"published.mfu"}) && !(e.published.mfu >= 0 && e.published.mfu <= 1))
+    p.add("published.mfu=" + fmt_double(e.published.mfu) + " must be a fraction in [0, 1]");
+}
+
+}  // namespace
+
+Experiment parse_experiment(const std::string& yaml_text, const std::string& source,
+                            const std::vector<std::string>& overrides, const std::string& base_dir) {
+  ProblemList problems(source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    problems.add("invalid YAML at line " + std::to_string(e.mark.line + 1) + ", column " +
+                 std::to_string(e.mark.column + 1) + ": " + e.msg);
+    problems.throw_if_any();
+  } catch (const YAML::Exception& e) {
+    problems.add(std::string("invalid YAML: ") + e.what());
+    problems.throw_if_any();
+  }
+  if (!root.IsDefined() || root.IsNull()) {
+    problems.add("the file is empty (expected sections model, cluster, layout, training)");
+    problems.throw_if_any();
+  }
+  if (!root.IsMap()) {
+    problems.add("the file must be a map with sections model, cluster, layout, training (got " +
+                 describe_node(root) + ")");
+    problems.throw_if_any();
+  }
+  // A --set that names no key cannot be applied: report those before reading the file.
+  root = apply_overrides(root, overrides, problems);
+  problems.throw_if_any();
+
+  Context ctx(problems);
+  Experiment e;
+  e.source = source;
+  Reader top(ctx, root, "");
+  top.check_map();
+  set_if(e.title, top.text("title"));
+  LayoutDraft ld;
+  if (top.has("model")) e.model = read_model(Reader(ctx, top.child("model"), "model"), base_dir);
+  else top.require("model");
+  if (top.has("cluster")) e.cluster = read_cluster(Reader(ctx, top.child("cluster"), "cluster"));
+  else top.require("cluster");
+  if (top.has("layout")) ld = read_layout(Reader(ctx, top.child("layout"), "layout"));
+  else top.require("layout");
+  if (top.has("training")) e.training = read_training(Reader(ctx, top.child("training"), "training"));
+  else top.require("training");
+  e.published = read_published(Reader(ctx, top.child("published"), "published"));
+  e.layout = ld.layout;
+  if (ld.dp_auto) {
+    const Layout& l = e.layout;
+    const int64_t gpus = e.cluster.gpus();
+    const int64_t denom = l.tp * l.cp * l.pp;
+    if (gpus > 0 && denom > 0 && gpus % denom == 0) {
+      e.layout.dp = gpus / denom;
+    } else if (gpus > 0 && denom > 0) {
+      ctx.fail("layout.dp", "layout.dp=auto: the cluster's " + std::to_string(gpus) +
+                                " GPUs are not a multiple of layout.tp*cp*pp=" + std::to_string(denom));
+    } else {
+      ctx.fail("layout.dp", "layout.dp=auto cannot be resolved (cluster GPUs or layout.tp*cp*pp unknown)");
+    }
+  }
+  if (e.title.empty()) e.title = e.model.name;
+  // Parse problems and cross-section problems are reported together.
+  check_experiment(e, problems, ctx.bad());
+  problems.throw_if_any();
+  return e;
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(path + ": cannot read experiment file: no such file");
+  if (!fs::is_regular_file(path, ec)) throw InputError(path + ": cannot read experiment file: not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read experiment file: permission denied or unreadable");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  return parse_experiment(ss.str(), path, overrides, dir.string());
+}
+
+void validate_experiment(const Experiment& e) {
+  ProblemList p(e.source);
+  check_experiment(e, p, {});
+  p.throw_if_any();
+}
+
+}  // namespace dtsim

@@ -1,0 +1,159 @@
+// The SimGrid engine: folding symmetric ranks changes nothing, collectives match the
+// ring alpha-beta formula when uncontended, results are deterministic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "models/experiment_io.hpp"
+#include "models/plan.hpp"
+#include "reports/json.hpp"
+#include "sim/engine.hpp"
+
+namespace dtsim {
+namespace {
+
+std::string gpt(const std::string& cluster, const std::string& layout, const std::string& training,
+                int hidden = 1024, int vocab = 8192) {
+  return "title: engine test\n"
+         "model: {name: tiny, layers: 8, hidden: " + std::to_string(hidden) + ", heads: 16, kv_heads: 16, ffn_hidden: " +
+         std::to_string(4 * hidden) + ", activation: gelu,\n"
+         "        vocab: " + std::to_string(vocab) + ", tied_embeddings: false, norm: layernorm, position: learned}\n"
+         "cluster: " + cluster + "\n"
+         "layout: " + layout + "\n"
+         "training: " + training + "\n";
+}
+
+const std::string kTrain =
+    "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, overlap_grad_reduce: true, "
+    "framework: megatron}";
+
+void expect_same(const StepResult& a, const StepResult& b) {
+  EXPECT_NEAR(a.step_time_s, b.step_time_s, 1e-9 * b.step_time_s);
+  ASSERT_EQ(a.stages.size(), b.stages.size());
+  for (size_t s = 0; s < a.stages.size(); ++s) {
+    EXPECT_NEAR(a.stages[s].finish_s, b.stages[s].finish_s, 1e-9 * b.step_time_s) << "stage " << s;
+    EXPECT_NEAR(a.stages[s].bubble_s, b.stages[s].bubble_s, 1e-9 * b.step_time_s) << "stage " << s;
+    for (const char* k : {"TP", "CP", "PP", "DP"}) {
+      EXPECT_NEAR(a.stages[s].comm.at(k).total_s, b.stages[s].comm.at(k).total_s, 1e-9 * b.step_time_s) << k;
+      EXPECT_NEAR(a.stages[s].comm.at(k).exposed_s, b.stages[s].comm.at(k).exposed_s, 1e-9 * b.step_time_s) << k;
+    }
+  }
+}
+
+struct FoldCase {
+  const char* name;
+  const char* cluster;
+  const char* layout;
+};
+
+class EngineFolding : public ::testing::TestWithParam<FoldCase> {};
+
+TEST_P(EngineFolding, FoldedEqualsUnfolded) {
+  const auto& c = GetParam();
+  const auto e = parse_experiment(gpt(c.cluster, c.layout, kTrain), "fold.yaml");
+  const auto folded = simulate_step_isolated(e, EngineOptions{true});
+  const auto full = simulate_step_isolated(e, EngineOptions{false});
+  EXPECT_TRUE(folded.folded);
+  EXPECT_FALSE(full.folded);
+  EXPECT_LT(folded.simulated_ranks, full.simulated_ranks);
+  EXPECT_EQ(full.simulated_ranks, e.cluster.gpus());
+  EXPECT_GT(folded.step_time_s, 0);
+  expect_same(folded, full);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SmallClusters, EngineFolding,
+    ::testing::Values(
+        FoldCase{"tp_dp_pp_sp", "{node: dgx-a100, nodes: 2}",
+                 "{dp: 2, tp: 4, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: selective}"},
+        FoldCase{"dp_across_nodes", "{node: dgx-h100, nodes: 2}",
+                 "{dp: 4, tp: 2, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: none}"},
+        FoldCase{"cp_and_zero3", "{node: dgx-h100, nodes: 2}",
+                 "{dp: 2, tp: 2, cp: 2, pp: 2, zero_stage: 3, sequence_parallel: true, recompute: full}"},
+        FoldCase{"shared_nics", "{node: dgx-a100, nodes: 2, nics_per_node: 4}",
+                 "{dp: 4, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: false, recompute: none}"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Engine, UncontendedDataParallelAllReduceMatchesRingFormula) {
+  // One GPU per node on 4 nodes, DP 4, no overlap: the step ends with one AllReduce of
+  // every fp32 gradient over 4 NICs: 2(n-1)/n S / B + 2(n-1) alpha.
+  const auto e = parse_experiment(
+      gpt("{node: dgx-h100, nodes: 4, gpus_per_node: 1, nics_per_node: 1}",
+          "{dp: 4, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}",
+          "{seq_len: 512, global_batch: 4, micro_batch: 1, dtype: bf16, flash_attention: true, "
+          "overlap_grad_reduce: false, framework: megatron}"),
+      "ring.yaml");
+  const auto plan = build_step_plan(e);
+  const double S = plan.stages[0].params_per_rank * 4.0;
+  const double n = 4;
+  const auto& nic = e.cluster.nic;
+  const double alpha = std::max(e.cluster.nvlink.latency, nic.latency);
+  const double expect = 2 * (n - 1) / n * S / (nic.bandwidth * nic.efficiency) + 2 * (n - 1) * alpha;
+  const auto r = simulate_step_isolated(e);
+  EXPECT_NEAR(r.comm.at("DP").total_s, expect, 1e-6 * expect);
+  EXPECT_NEAR(r.comm.at("DP").exposed_s, expect, 1e-6 * expect);
+  EXPECT_EQ(r.comm.at("DP").operations, 1);
+}
+
+TEST(Engine, SingleGpuStepIsTheSumOfItsKernels) {
+  const auto e = parse_experiment(
+      gpt("{node: dgx-a100, nodes: 1, gpus_per_node: 1, nics_per_node: 1}",
+          "{dp: 1, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}",
+          "{seq_len: 512, global_batch: 4, micro_batch: 2, dtype: bf16, flash_attention: true, "
+          "overlap_grad_reduce: true, framework: megatron}"),
+      "one.yaml");
+  const auto plan = build_step_plan(e);
+  double sum = 0;
+  for (const auto& op : plan.stages[0].ops) sum += op.type == OpType::compute ? op.time_s : 0.0;
+  const auto r = simulate_step_isolated(e);
+  EXPECT_NEAR(r.step_time_s, sum, 1e-9 * sum);
+  EXPECT_NEAR(r.compute_s, sum, 1e-9 * sum);
+  EXPECT_DOUBLE_EQ(r.bubble_s, 0.0);
+}
+
+TEST(Engine, OverlappedGradientReductionHidesBehindBackward) {
+  const std::string cluster = "{node: dgx-a100, nodes: 2}";
+  const std::string layout = "{dp: 4, tp: 4, pp: 1, zero_stage: 0, sequence_parallel: true, recompute: none}";
+  auto train = [](bool overlap) {
+    return std::string("{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                       "overlap_grad_reduce: ") + (overlap ? "true" : "false") + ", framework: megatron}";
+  };
+  // h = 4096: each layer's 50M gradients per rank fill a 40M-parameter DDP bucket.
+  const auto with = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(true), 4096), "o.yaml"));
+  const auto without = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(false), 4096), "o.yaml"));
+  EXPECT_LT(with.comm.at("DP").exposed_s, without.comm.at("DP").exposed_s);
+  EXPECT_LT(with.step_time_s, without.step_time_s);
+  // Without overlap every DP second is exposed.
+  EXPECT_NEAR(without.comm.at("DP").exposed_s, without.comm.at("DP").total_s, 1e-9);
+}
+
+TEST(Engine, SameInputGivesByteIdenticalJson) {
+  const auto e = parse_experiment(
+      gpt("{node: dgx-a100, nodes: 2}", "{dp: 2, tp: 4, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: selective}",
+          kTrain),
+      "det.yaml");
+  EXPECT_EQ(result_json_text(simulate_step_isolated(e)), result_json_text(simulate_step_isolated(e)));
+}
+
+TEST(Engine, PipelineBubbleShrinksWithMoreMicroBatches) {
+  const std::string cluster = "{node: dgx-a100, nodes: 1}";
+  const std::string layout = "{dp: 1, tp: 2, pp: 4, zero_stage: 0, sequence_parallel: true, recompute: none}";
+  auto train = [](int gb) {
+    return "{seq_len: 512, global_batch: " + std::to_string(gb) +
+           ", micro_batch: 1, dtype: bf16, flash_attention: true, overlap_grad_reduce: true, framework: megatron}";
+  };
+  // A small vocabulary and wide layers keep the stages balanced (the LM head and the
+  // loss's small TP AllReduces would slow the last stage).
+  const auto few = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(4), 4096, 256), "b.yaml"));
+  const auto many = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(32), 4096, 256), "b.yaml"));
+  const double frac_few = few.bubble_s / few.step_time_s, frac_many = many.bubble_s / many.step_time_s;
+  EXPECT_GT(frac_few, frac_many);
+  // 1F1B bubble fraction ~ (p-1)/(m+p-1): 3/7 for m=4, 3/35 for m=32 (Narayanan 2021 Sec 2.2).
+  // Tolerances cover the first/last stage's embedding and head work.
+  EXPECT_NEAR(frac_few, 3.0 / 7.0, 0.08);
+  EXPECT_NEAR(frac_many, 3.0 / 35.0, 0.03);
+}
+
+}  // namespace
+}  // namespace dtsim

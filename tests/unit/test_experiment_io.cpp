@@ -1,0 +1,863 @@
+// Experiment files: schema, units, presets, --set, Hugging Face config.json, validation
+// (models/experiment_io.hpp). Every constraint has its own test checking the exact text.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "topologies/gpu_presets.hpp"
+#include "topologies/node_presets.hpp"
+
+namespace dtsim {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A valid experiment: 32-layer, h=4096 model on 2 dgx-a100 nodes (16 GPUs), DP2 TP4 PP2,
+// 16 micro-batches of 2 per DP rank.
+const char* kBase = R"(title: base
+model:
+  name: test-7b
+  layers: 32
+  hidden: 4096
+  heads: 32
+  ffn_hidden: 11008
+  activation: swiglu
+  vocab: 32000
+  tied_embeddings: false
+  norm: rmsnorm
+  position: rope
+cluster:
+  node: dgx-a100
+  gpu: A100-SXM4-80GB
+  nodes: 2
+layout:
+  dp: 2
+  tp: 4
+  pp: 2
+training:
+  seq_len: 2048
+  global_batch: 64
+  micro_batch: 2
+)";
+
+// Problems reported for `yaml` with `sets` applied; empty when it parses and validates.
+std::vector<std::string> problems(const std::string& yaml, const std::vector<std::string>& sets = {},
+                                  const std::string& base_dir = ".") {
+  try {
+    parse_experiment(yaml, "exp.yaml", sets, base_dir);
+  } catch (const InputError& e) {
+    return e.problems();
+  }
+  return {};
+}
+
+std::string dump(const std::vector<std::string>& ps) {
+  std::string out;
+  for (const auto& p : ps) out += "\n  " + p;
+  return out.empty() ? std::string(" (none)") : out;
+}
+
+// Asserts that `expected` is one of the problems reported for kBase with `sets`.
+void expect_problem(const std::vector<std::string>& sets, const std::string& expected) {
+  const auto ps = problems(kBase, sets);
+  EXPECT_NE(std::find(ps.begin(), ps.end(), expected), ps.end())
+      << "expected: " << expected << "\nreported:" << dump(ps);
+}
+
+// Inserts `line` (already indented) right after the line `after` in kBase.
+std::string with_line(const std::string& after, const std::string& line) {
+  std::string y = kBase;
+  const auto pos = y.find(after + "\n");
+  EXPECT_NE(pos, std::string::npos) << after;
+  y.insert(pos + after.size() + 1, line + "\n");
+  return y;
+}
+
+std::string without_line(const std::string& line) {
+  std::string y = kBase;
+  const auto pos = y.find(line + "\n");
+  EXPECT_NE(pos, std::string::npos) << line;
+  y.erase(pos, line.size() + 1);
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------
+// A valid file.
+
+TEST(ExperimentIo, BaseParsesWithPresetsAndDefaults) {
+  ASSERT_TRUE(problems(kBase).empty()) << dump(problems(kBase));
+  const Experiment e = parse_experiment(kBase, "exp.yaml");
+  EXPECT_EQ(e.source, "exp.yaml");
+  EXPECT_EQ(e.title, "base");
+  EXPECT_EQ(e.model.kv_heads, 32);  // default = heads
+  EXPECT_EQ(e.model.activation, Activation::swiglu);
+  EXPECT_EQ(e.cluster.gpu.name, "A100-SXM4-80GB");
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.peak_bf16_flops, 312e12);
+  EXPECT_EQ(e.cluster.gpus_per_node, 8);
+  EXPECT_EQ(e.cluster.gpus(), 16);
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.bandwidth, 300e9);
+  EXPECT_NEAR(e.cluster.nvlink.efficiency, 230.0 / 300.0, 1e-12);
+  EXPECT_EQ(e.cluster.nics_per_node, 8);
+  EXPECT_DOUBLE_EQ(e.cluster.nic.bandwidth, 25e9);
+  EXPECT_EQ(e.cluster.fabric, "non-blocking");
+  EXPECT_GT(e.cluster.hbm_reserve_bytes, 0.0);
+  EXPECT_EQ(e.layout.cp, 1);
+  EXPECT_EQ(e.layout.zero_stage, 0);
+  EXPECT_FALSE(e.layout.sequence_parallel);
+  EXPECT_EQ(e.layout.recompute, Recompute::none);
+  EXPECT_EQ(e.training.dtype, Dtype::bf16);
+  EXPECT_TRUE(e.training.flash_attention);
+  EXPECT_TRUE(e.training.overlap_grad_reduce);
+  EXPECT_EQ(e.training.framework, Framework::megatron);
+  EXPECT_EQ(e.training.accumulation(e.layout), 16);
+  EXPECT_DOUBLE_EQ(e.published.step_time_s, 0.0);
+}
+
+TEST(ExperimentIo, ExplicitClusterWithUnits) {
+  const std::string y = R"(model: {name: m, layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, activation: gelu,
+        vocab: 1024, tied_embeddings: true, norm: layernorm, position: learned, max_position_embeddings: 128}
+cluster:
+  gpu: {name: MyGPU, peak_bf16: "100 TFLOP/s", peak_fp8: "200 TFLOP/s", hbm: "48 GiB",
+        hbm_bandwidth: "1.5 TB/s", gemm_efficiency: 0.8, memory_efficiency: 0.85, kernel_overhead: "4 us"}
+  nodes: 2
+  gpus_per_node: 4
+  nvlink: {bandwidth: "100 GB/s", latency: "2 us", efficiency: 0.8}
+  nics_per_node: 2
+  nic: {bandwidth: "200 Gb/s", latency: "5 us", efficiency: 0.9}
+  fabric: non-blocking
+  hbm_reserve: "1 GiB"
+layout: {dp: auto, tp: 2, pp: 2, zero_stage: 3, sequence_parallel: true, recompute: full}
+training: {seq_len: 128, global_batch: 8, micro_batch: 1, dtype: fp8, flash_attention: false,
+           overlap_grad_reduce: false, framework: zero-paper}
+published: {step_time_s: 1.5, tflops_per_gpu: 100, tflops_basis: hardware, mfu: 0.4, source: "paper"}
+)";
+  ASSERT_TRUE(problems(y).empty()) << dump(problems(y));
+  const Experiment e = parse_experiment(y, "exp.yaml");
+  EXPECT_EQ(e.title, "m");  // defaults to the model name
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.peak_fp8_flops, 200e12);
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.hbm_bytes, 48.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.hbm_bandwidth, 1.5e12);
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.kernel_overhead, 4e-6);
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.latency, 2e-6);
+  EXPECT_DOUBLE_EQ(e.cluster.nic.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(e.cluster.hbm_reserve_bytes, 1024.0 * 1024 * 1024);
+  EXPECT_EQ(e.layout.dp, 2);  // auto = 8 / (2*1*2)
+  EXPECT_EQ(e.layout.zero_stage, 3);
+  EXPECT_EQ(e.layout.recompute, Recompute::full);
+  EXPECT_EQ(e.training.dtype, Dtype::fp8);
+  EXPECT_EQ(e.training.framework, Framework::zero_paper);
+  EXPECT_DOUBLE_EQ(e.published.step_time_s, 1.5);
+  EXPECT_DOUBLE_EQ(e.published.mfu, 0.4);
+  EXPECT_TRUE(e.published.tflops_includes_recompute);
+  EXPECT_EQ(e.published.source, "paper");
+}
+
+TEST(ExperimentIo, GpuMapOverridesPresetFields) {
+  const auto y = std::string(kBase);
+  const Experiment e = parse_experiment(
+      y, "exp.yaml", {"cluster.gpu.preset=H100-SXM5-80GB", "cluster.gpu.hbm=94 GiB", "cluster.node=dgx-h100"});
+  EXPECT_EQ(e.cluster.gpu.name, "H100-SXM5-80GB");
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.hbm_bytes, 94.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(e.cluster.gpu.peak_bf16_flops, 989e12);  // kept from the preset
+  EXPECT_DOUBLE_EQ(e.cluster.nic.bandwidth, 50e9);           // dgx-h100: NDR
+}
+
+TEST(ExperimentIo, NodePresetSuppliesGpuWhenAbsent) {
+  const Experiment e = parse_experiment(without_line("  gpu: A100-SXM4-80GB"), "exp.yaml");
+  EXPECT_EQ(e.cluster.gpu.name, "A100-SXM4-80GB");
+}
+
+TEST(ExperimentIo, ExplicitClusterKeysOverrideNodePreset) {
+  const Experiment e = parse_experiment(kBase, "exp.yaml",
+                                        {"cluster.nvlink.efficiency=0.5", "cluster.nic.latency=20 us"});
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.bandwidth, 300e9);
+  EXPECT_DOUBLE_EQ(e.cluster.nic.latency, 20e-6);
+}
+
+// ---------------------------------------------------------------------------------------
+// One test per cross-section constraint.
+
+TEST(ExperimentIoConstraint, ProductOfDegreesEqualsGpus) {
+  expect_problem({"layout.dp=4"},
+                 "exp.yaml: layout.dp*tp*cp*pp=4*4*1*2=32 does not equal the cluster's GPUs "
+                 "cluster.nodes*gpus_per_node=2*8=16");
+}
+
+TEST(ExperimentIoConstraint, TpDividesHeads) {
+  expect_problem({"layout.tp=3"}, "exp.yaml: layout.tp=3 does not divide model.heads=32");
+}
+
+TEST(ExperimentIoConstraint, TpDividesKvHeads) {
+  expect_problem({"model.kv_heads=2"}, "exp.yaml: layout.tp=4 does not divide model.kv_heads=2");
+}
+
+TEST(ExperimentIoConstraint, TpDividesFfnHidden) {
+  expect_problem({"model.ffn_hidden=11010"},
+                 "exp.yaml: layout.tp=4 does not divide model.ffn_hidden=11010 (the MLP is split across "
+                 "tensor-parallel ranks)");
+}
+
+TEST(ExperimentIoConstraint, TpDividesVocab) {
+  expect_problem({"model.vocab=32001"},
+                 "exp.yaml: layout.tp=4 does not divide model.vocab=32001 (the embedding and output layer are "
+                 "split across tensor-parallel ranks; pad the vocabulary)");
+}
+
+TEST(ExperimentIoConstraint, PpDividesLayers) {
+  expect_problem({"model.layers=31"}, "exp.yaml: layout.pp=2 does not divide model.layers=31");
+}
+
+TEST(ExperimentIoConstraint, CpDividesSeqLen) {
+  expect_problem({"layout.cp=2", "layout.dp=1", "training.seq_len=2047"},
+                 "exp.yaml: layout.cp=2 does not divide training.seq_len=2047");
+}
+
+TEST(ExperimentIoConstraint, GlobalBatchIsWholeAccumulation) {
+  expect_problem({"training.global_batch=100", "training.micro_batch=32"},
+                 "exp.yaml: training.global_batch=100 is not a multiple of training.micro_batch*layout.dp=64");
+}
+
+TEST(ExperimentIoConstraint, PositiveIntegers) {
+  expect_problem({"model.layers=0"}, "exp.yaml: model.layers=0 must be a positive integer");
+  expect_problem({"training.micro_batch=-1"}, "exp.yaml: training.micro_batch=-1 must be a positive integer");
+  expect_problem({"cluster.nodes=0"}, "exp.yaml: cluster.nodes=0 must be a positive integer");
+}
+
+TEST(ExperimentIoConstraint, ZeroStageRange) {
+  expect_problem({"layout.zero_stage=4"}, "exp.yaml: layout.zero_stage=4 must be 0, 1, 2 or 3");
+}
+
+TEST(ExperimentIoConstraint, SequenceParallelWithTp1IsAllowed) {
+  // Megatron accepts --sequence-parallel with TP=1 as a no-op.
+  EXPECT_TRUE(problems(kBase, {"layout.tp=1", "layout.dp=8", "layout.sequence_parallel=true"}).empty())
+      << dump(problems(kBase, {"layout.tp=1", "layout.dp=8", "layout.sequence_parallel=true"}));
+}
+
+TEST(ExperimentIoConstraint, HiddenDivisibleByHeads) {
+  expect_problem({"model.hidden=4100"}, "exp.yaml: model.hidden=4100 is not a multiple of model.heads=32");
+}
+
+TEST(ExperimentIoConstraint, HeadsDivisibleByKvHeads) {
+  expect_problem({"model.kv_heads=12"},
+                 "exp.yaml: model.heads=32 is not a multiple of model.kv_heads=12 (each key/value head serves a "
+                 "whole group of query heads)");
+}
+
+TEST(ExperimentIoConstraint, NicsPerNodeDivideGpusPerNode) {
+  expect_problem({"cluster.nics_per_node=3"}, "exp.yaml: cluster.nics_per_node=3 does not divide cluster.gpus_per_node=8");
+}
+
+TEST(ExperimentIoConstraint, EfficienciesInUnitInterval) {
+  expect_problem({"cluster.nvlink.efficiency=1.2"}, "exp.yaml: cluster.nvlink.efficiency=1.2 must be in (0, 1]");
+  expect_problem({"cluster.nic.efficiency=0"}, "exp.yaml: cluster.nic.efficiency=0 must be in (0, 1]");
+  expect_problem({"cluster.gpu.gemm_efficiency=1.5"}, "exp.yaml: cluster.gpu.gemm_efficiency=1.5 must be in (0, 1]");
+  expect_problem({"cluster.gpu.memory_efficiency=-0.1"},
+                 "exp.yaml: cluster.gpu.memory_efficiency=-0.1 must be in (0, 1]");
+}
+
+TEST(ExperimentIoConstraint, BandwidthsPositive) {
+  expect_problem({"cluster.nic.bandwidth=0 GB/s"}, "exp.yaml: cluster.nic.bandwidth=0 B/s must be > 0");
+  expect_problem({"cluster.nvlink.bandwidth=-5 GB/s"}, "exp.yaml: cluster.nvlink.bandwidth=-5e+09 B/s must be > 0");
+  expect_problem({"cluster.gpu.hbm_bandwidth=0 TB/s"}, "exp.yaml: cluster.gpu.hbm_bandwidth=0 B/s must be > 0");
+}
+
+TEST(ExperimentIoConstraint, Fp8NeedsFp8TensorCores) {
+  expect_problem({"training.dtype=fp8"},
+                 "exp.yaml: training.dtype=fp8 needs FP8 tensor cores, but cluster.gpu A100-SXM4-80GB has peak_fp8=0");
+  EXPECT_TRUE(problems(kBase, {"training.dtype=fp8", "cluster.gpu=H100-SXM5-80GB"}).empty());
+}
+
+TEST(ExperimentIoConstraint, OnlyNonBlockingFabric) {
+  expect_problem({"cluster.fabric=fat-tree"},
+                 "exp.yaml: cluster.fabric=\"fat-tree\" is not supported: only non-blocking is supported");
+}
+
+TEST(ExperimentIoConstraint, LearnedPositionsCoverSeqLen) {
+  expect_problem({"model.position=learned", "model.max_position_embeddings=1024"},
+                 "exp.yaml: training.seq_len=2048 exceeds model.max_position_embeddings=1024 (learned position "
+                 "embeddings)");
+}
+
+TEST(ExperimentIoConstraint, DpAutoNeedsWholeDivision) {
+  const Experiment e = parse_experiment(kBase, "exp.yaml", {"layout.dp=auto"});
+  EXPECT_EQ(e.layout.dp, 2);  // 16 GPUs / (tp 4 * pp 2)
+  expect_problem({"layout.dp=auto", "layout.tp=3", "layout.pp=1"},
+                 "exp.yaml: layout.dp=auto: the cluster's 16 GPUs are not a multiple of layout.tp*cp*pp=3");
+}
+
+TEST(ExperimentIoConstraint, HbmReserveBelowCapacity) {
+  expect_problem({"cluster.hbm_reserve=80 GiB"},
+                 "exp.yaml: cluster.hbm_reserve=8.58993e+10 B leaves no memory: it is not below "
+                 "cluster.gpu.hbm=8.58993e+10 B");
+}
+
+TEST(ExperimentIoConstraint, PublishedMfuIsAFraction) {
+  expect_problem({"published.mfu=52"}, "exp.yaml: published.mfu=52 must be a fraction in [0, 1]");
+}
+
+TEST(ExperimentIoValue, PublishedTflopsBasis) {
+  EXPECT_FALSE(parse_experiment(kBase, "exp.yaml").published.tflops_includes_recompute);
+  expect_problem({"published.tflops_basis=peak"},
+                 "exp.yaml: published.tflops_basis=\"peak\" is not one of model, hardware");
+}
+
+TEST(ExperimentIo, SeveralProblemsReportedTogether) {
+  const auto ps = problems(kBase, {"layout.tp=3", "training.global_batch=66", "cluster.nvlink.efficiency=2"});
+  auto has = [&](const std::string& s) { return std::find(ps.begin(), ps.end(), s) != ps.end(); };
+  EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.vocab=32000 (the embedding and output layer are "
+                  "split across tensor-parallel ranks; pad the vocabulary)"))
+      << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: layout.dp*tp*cp*pp=2*3*1*2=12 does not equal the cluster's GPUs "
+                  "cluster.nodes*gpus_per_node=2*8=16"))
+      << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: training.global_batch=66 is not a multiple of training.micro_batch*layout.dp=4"))
+      << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: cluster.nvlink.efficiency=2 must be in (0, 1]")) << dump(ps);
+  EXPECT_GE(ps.size(), 5u);
+  // The exception's what() carries every line.
+  try {
+    parse_experiment(kBase, "exp.yaml", {"layout.tp=3", "training.global_batch=66"});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}
+
+TEST(ExperimentIo, SeveralParseProblemsReportedTogether) {
+  const auto ps = problems(with_line("  layers: 32", "  activation_fn: relu"), {"training.dtype=fp16", "layout.tp=x"});
+  auto has = [&](const std::string& s) { return std::find(ps.begin(), ps.end(), s) != ps.end(); };
+  EXPECT_TRUE(has("exp.yaml: training.dtype=\"fp16\" is not one of bf16, fp8")) << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: layout.tp=\"x\" is not an integer")) << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: unknown key model.activation_fn (valid keys under model: name, layers, hidden, heads, "
+                  "kv_heads, ffn_hidden, activation, vocab, tied_embeddings, norm, position, "
+                  "max_position_embeddings, hf_config)"))
+      << dump(ps);
+  EXPECT_EQ(ps.size(), 3u) << dump(ps);
+}
+
+TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
+  const auto ps = problems(with_line("  tp: 4", "  bogus_knob: 1"), {"layout.tp=3", "cluster.gpu=X100"});
+  auto has = [&](const std::string& s) { return std::find(ps.begin(), ps.end(), s) != ps.end(); };
+  EXPECT_TRUE(has("exp.yaml: unknown key layout.bogus_knob (valid keys under layout: dp, tp, cp, pp, zero_stage, "
+                  "sequence_parallel, recompute)"))
+      << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
+  EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
+                  "H200-SXM-141GB, B200)"))
+      << dump(ps);
+  // The unknown GPU is reported once: checks on its fields are skipped, not repeated.
+  for (const auto& p : ps) EXPECT_EQ(p.find("cluster.gpu.peak_bf16"), std::string::npos) << p;
+}
+
+// ---------------------------------------------------------------------------------------
+// Types, enums, units, presets and required keys.
+
+TEST(ExperimentIoValue, NotAnInteger) {
+  expect_problem({"model.layers=3.5"}, "exp.yaml: model.layers=\"3.5\" is not an integer");
+}
+
+TEST(ExperimentIoValue, NotABoolean) {
+  expect_problem({"layout.sequence_parallel=maybe"},
+                 "exp.yaml: layout.sequence_parallel=\"maybe\" is not a boolean (expected true or false)");
+}
+
+TEST(ExperimentIoValue, NotANumber) {
+  expect_problem({"cluster.nvlink.efficiency=high"}, "exp.yaml: cluster.nvlink.efficiency=\"high\" is not a number");
+}
+
+TEST(ExperimentIoValue, EnumsListChoices) {
+  expect_problem({"model.activation=relu"}, "exp.yaml: model.activation=\"relu\" is not one of gelu, swiglu");
+  expect_problem({"model.norm=batchnorm"}, "exp.yaml: model.norm=\"batchnorm\" is not one of layernorm, rmsnorm");
+  expect_problem({"model.position=alibi"}, "exp.yaml: model.position=\"alibi\" is not one of learned, rope");
+  expect_problem({"layout.recompute=some"},
+                 "exp.yaml: layout.recompute=\"some\" is not one of none, selective, full");
+  expect_problem({"training.framework=jax"},
+                 "exp.yaml: training.framework=\"jax\" is not one of megatron, deepspeed, zero-paper");
+}
+
+TEST(ExperimentIoValue, QuantityWithoutRateIsNotABandwidth) {
+  const std::string y = with_line("  nodes: 2", "  nvlink:\n    bandwidth: 450 GB");
+  const auto ps = problems(y);
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: cluster.nvlink.bandwidth=\"450 GB\" is not a bandwidth (expected e.g. \"450 GB/s\")");
+}
+
+TEST(ExperimentIoValue, PlainNumberQuantityIsRejected) {
+  expect_problem({"cluster.nic.latency=5"}, "exp.yaml: cluster.nic.latency=\"5\" is not a time (expected e.g. \"1.5 us\")");
+  expect_problem({"cluster.hbm_reserve=2"},
+                 "exp.yaml: cluster.hbm_reserve=\"2\" is not a size in bytes (expected e.g. \"80 GiB\")");
+  expect_problem({"cluster.gpu.peak_bf16=312"},
+                 "exp.yaml: cluster.gpu.peak_bf16=\"312\" is not a FLOP rate (expected e.g. \"312 TFLOP/s\")");
+}
+
+TEST(ExperimentIoValue, UnknownGpuPresetListsValidNames) {
+  expect_problem({"cluster.gpu=X100"},
+                 "exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
+                 "H200-SXM-141GB, B200)");
+  expect_problem({"cluster.gpu.preset=X100"},
+                 "exp.yaml: cluster.gpu.preset=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
+                 "H200-SXM-141GB, B200)");
+}
+
+TEST(ExperimentIoValue, UnknownNodePresetListsValidNames) {
+  expect_problem({"cluster.node=dgx-x"},
+                 "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: dgx-a100, dgx-h100, dgx-h200, "
+                 "dgx-b200)");
+}
+
+TEST(ExperimentIoValue, PresetNamesAreCaseInsensitive) {
+  const Experiment e = parse_experiment(kBase, "exp.yaml", {"cluster.gpu=h100-sxm5-80gb", "cluster.node=DGX-H100"});
+  EXPECT_EQ(e.cluster.gpu.name, "H100-SXM5-80GB");
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.bandwidth, 450e9);
+}
+
+TEST(ExperimentIoValue, RequiredKeys) {
+  {
+    const auto ps = problems(without_line("  seq_len: 2048"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: training.seq_len is required");
+  }
+  {
+    const auto ps = problems(without_line("  hidden: 4096"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: model.hidden is required");
+  }
+  {
+    std::string y = kBase;
+    y = y.substr(0, y.find("training:"));
+    const auto ps = problems(y);
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: training is required");
+  }
+}
+
+TEST(ExperimentIoValue, ExplicitGpuWithoutPresetNeedsEveryField) {
+  const auto ps = problems(kBase, {"cluster.gpu.name=Mine", "cluster.gpu.peak_bf16=100 TFLOP/s"});
+  // `cluster.gpu=A100...` became {preset: A100..., ...}, so nothing is missing here.
+  EXPECT_TRUE(ps.empty()) << dump(ps);
+  std::string y = kBase;
+  y.replace(y.find("  gpu: A100-SXM4-80GB"), std::string("  gpu: A100-SXM4-80GB").size(),
+            "  gpu: {name: Mine, peak_bf16: 100 TFLOP/s}");
+  const auto ps2 = problems(y);
+  EXPECT_NE(std::find(ps2.begin(), ps2.end(), "exp.yaml: cluster.gpu.hbm is required (or give gpu.preset)"), ps2.end())
+      << dump(ps2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Unknown keys at every level.
+
+TEST(ExperimentIoUnknownKey, TopLevel) {
+  const auto ps = problems(std::string(kBase) + "extra: 1\n");
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: unknown key extra (valid keys: title, model, cluster, layout, training, published)");
+}
+
+TEST(ExperimentIoUnknownKey, Model) {
+  const auto ps = problems(with_line("  layers: 32", "  layer: 32"));
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0],
+            "exp.yaml: unknown key model.layer (valid keys under model: name, layers, hidden, heads, kv_heads, "
+            "ffn_hidden, activation, vocab, tied_embeddings, norm, position, max_position_embeddings, hf_config)");
+}
+
+TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
+  {
+    const auto ps = problems(with_line("  nodes: 2", "  switches: 4"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0],
+              "exp.yaml: unknown key cluster.switches (valid keys under cluster: name, gpu, node, nodes, "
+              "gpus_per_node, nvlink, nics_per_node, nic, fabric, hbm_reserve)");
+  }
+  {
+    const auto ps = problems(with_line("  nodes: 2", "  nic:\n    speed: 400 Gb/s"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key cluster.nic.speed (valid keys under cluster.nic: bandwidth, latency, "
+                     "efficiency)");
+  }
+  {
+    std::string y = kBase;
+    y.replace(y.find("  gpu: A100-SXM4-80GB"), std::string("  gpu: A100-SXM4-80GB").size(),
+              "  gpu: {preset: A100-SXM4-80GB, tdp: 400}");
+    const auto ps = problems(y);
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0],
+              "exp.yaml: unknown key cluster.gpu.tdp (valid keys under cluster.gpu: preset, name, peak_bf16, "
+              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead)");
+  }
+}
+
+TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
+  {
+    const auto ps = problems(with_line("  tp: 4", "  vp: 2"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.vp (valid keys under layout: dp, tp, cp, pp, zero_stage, "
+                     "sequence_parallel, recompute)");
+  }
+  {
+    const auto ps = problems(with_line("  micro_batch: 2", "  lr: 0.1"));
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
+                     "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework)");
+  }
+  {
+    const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key published.hfu (valid keys under published: step_time_s, "
+                     "tflops_per_gpu, tflops_basis, mfu, source)");
+  }
+}
+
+TEST(ExperimentIoUnknownKey, DuplicateKey) {
+  const auto ps = problems(with_line("  tp: 4", "  tp: 2"));
+  EXPECT_NE(std::find(ps.begin(), ps.end(), "exp.yaml: duplicate key layout.tp"), ps.end()) << dump(ps);
+}
+
+TEST(ExperimentIoUnknownKey, SectionMustBeAMap) {
+  const auto ps = problems("model: 3\ncluster: {node: dgx-a100, nodes: 1}\nlayout: {dp: 8, tp: 1}\n"
+                           "training: {seq_len: 8, global_batch: 8, micro_batch: 1}\n");
+  EXPECT_NE(std::find(ps.begin(), ps.end(), "exp.yaml: model must be a map (got a scalar)"), ps.end()) << dump(ps);
+}
+
+// ---------------------------------------------------------------------------------------
+// Syntax errors and files.
+
+TEST(ExperimentIoFile, BadYamlNamesFileAndLine) {
+  const std::string y = "title: x\nmodel:\n  layers: [1, 2\ncluster: {}\n";
+  const auto ps = problems(y);
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0].rfind("exp.yaml: invalid YAML at line ", 0), 0u) << ps[0];
+  const auto ps2 = problems("a: b: c\n");
+  ASSERT_EQ(ps2.size(), 1u) << dump(ps2);
+  EXPECT_EQ(ps2[0].rfind("exp.yaml: invalid YAML at line 1, column ", 0), 0u) << ps2[0];
+}
+
+TEST(ExperimentIoFile, EmptyAndNonMapFiles) {
+  EXPECT_EQ(problems(""), std::vector<std::string>{
+                              "exp.yaml: the file is empty (expected sections model, cluster, layout, training)"});
+  EXPECT_EQ(problems("- 1\n- 2\n"),
+            std::vector<std::string>{
+                "exp.yaml: the file must be a map with sections model, cluster, layout, training (got a list)"});
+}
+
+TEST(ExperimentIoFile, MissingFileIsNamed) {
+  try {
+    load_experiment("/nonexistent/dir/exp.yaml");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    ASSERT_EQ(e.problems().size(), 1u);
+    EXPECT_EQ(e.problems()[0], "/nonexistent/dir/exp.yaml: cannot read experiment file: no such file");
+  }
+}
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("dtsim_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return path_ / name;
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST(ExperimentIoFile, LoadsFromDiskWithOverrides) {
+  TempDir d;
+  const auto file = d.write("exp.yaml", kBase);
+  const Experiment e = load_experiment(file.string(), {"layout.tp=8", "layout.dp=1"});
+  EXPECT_EQ(e.source, file.string());
+  EXPECT_EQ(e.layout.tp, 8);
+  EXPECT_EQ(e.layout.dp, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// --set.
+
+TEST(ExperimentIoSet, OverridesBeforeValidation) {
+  // tp=3 alone is invalid; the second override makes the file valid again.
+  const Experiment e = parse_experiment(kBase, "exp.yaml", {"layout.tp=3", "layout.tp=8", "layout.dp=1"});
+  EXPECT_EQ(e.layout.tp, 8);
+  EXPECT_EQ(e.layout.dp, 1);
+}
+
+TEST(ExperimentIoSet, ValuesAreYamlScalarsWithUnits) {
+  const Experiment e = parse_experiment(kBase, "exp.yaml",
+                                        {"cluster.nvlink.bandwidth=100 GB/s", "layout.sequence_parallel=true",
+                                         "title=my run", "published.step_time_s=2.5"});
+  EXPECT_DOUBLE_EQ(e.cluster.nvlink.bandwidth, 100e9);
+  EXPECT_TRUE(e.layout.sequence_parallel);
+  EXPECT_EQ(e.title, "my run");
+  EXPECT_DOUBLE_EQ(e.published.step_time_s, 2.5);
+}
+
+TEST(ExperimentIoSet, UnknownPathIsNamed) {
+  const auto ps = problems(kBase, {"layout.foo=1"});
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: --set layout.foo=1: unknown key layout.foo (valid keys under layout: dp, tp, cp, pp, "
+                   "zero_stage, sequence_parallel, recompute)");
+  const auto ps2 = problems(kBase, {"layout.tp.x=1"});
+  ASSERT_EQ(ps2.size(), 1u) << dump(ps2);
+  EXPECT_EQ(ps2[0], "exp.yaml: --set layout.tp.x=1: unknown key layout.tp.x (layout.tp is a single value, not a map)");
+  const auto ps3 = problems(kBase, {"modle.layers=3"});
+  ASSERT_EQ(ps3.size(), 1u) << dump(ps3);
+  EXPECT_EQ(ps3[0], "exp.yaml: --set modle.layers=3: unknown key modle (valid keys: title, model, cluster, layout, "
+                    "training, published)");
+}
+
+TEST(ExperimentIoSet, MissingEqualsSign) {
+  const auto ps = problems(kBase, {"layout.tp"});
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: --set \"layout.tp\": missing '=' (expected --set key.path=value, e.g. --set layout.tp=4)");
+}
+
+TEST(ExperimentIoSet, ValueMustBeScalar) {
+  const auto ps = problems(kBase, {"layout.tp=[1, 2]"});
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: --set layout.tp=[1, 2]: \"[1, 2]\" is not a single YAML value");
+}
+
+TEST(ExperimentIoSet, CreatesMissingMaps) {
+  const Experiment e = parse_experiment(kBase, "exp.yaml", {"published.mfu=0.5", "published.source=x"});
+  EXPECT_DOUBLE_EQ(e.published.mfu, 0.5);
+  EXPECT_EQ(e.published.source, "x");
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face config.json.
+
+// An experiment around `model_lines` on one dgx-a100 (8 GPUs, DP8 TP1), sequence 512.
+std::string hf_yaml(const std::string& model_lines) {
+  return "model:\n" + model_lines +
+         "cluster: {node: dgx-a100, nodes: 1}\n"
+         "layout: {dp: auto, tp: 1}\n"
+         "training: {seq_len: 512, global_batch: 8, micro_batch: 1}\n";
+}
+
+TEST(ExperimentIoHf, Llama) {
+  TempDir d;
+  d.write("llama.json", R"({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+    "hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "tie_word_embeddings": false,
+    "rope_theta": 500000.0, "_name_or_path": "meta-llama/Meta-Llama-3-8B"})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: llama.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.name, "meta-llama/Meta-Llama-3-8B");
+  EXPECT_EQ(m.layers, 32);
+  EXPECT_EQ(m.hidden, 4096);
+  EXPECT_EQ(m.heads, 32);
+  EXPECT_EQ(m.kv_heads, 8);
+  EXPECT_EQ(m.ffn_hidden, 14336);
+  EXPECT_EQ(m.vocab, 128256);
+  EXPECT_EQ(m.activation, Activation::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.norm, Norm::rmsnorm);
+  EXPECT_EQ(m.position, Position::rope);
+  EXPECT_EQ(m.max_position_embeddings, 8192);
+}
+
+TEST(ExperimentIoHf, MistralWithoutKvHeadsDefaultsToMha) {
+  TempDir d;
+  d.write("mistral.json", R"({"model_type": "mistral", "num_hidden_layers": 4, "hidden_size": 256,
+    "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
+    "sliding_window": 4096})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: mistral.json\n"), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(e.model.kv_heads, 8);
+  EXPECT_EQ(e.model.activation, Activation::swiglu);
+  EXPECT_FALSE(e.model.tied_embeddings);  // transformers default
+  EXPECT_EQ(e.model.name, "mistral");     // file stem when no _name_or_path
+}
+
+TEST(ExperimentIoHf, Qwen2TiedEmbeddings) {
+  TempDir d;
+  d.write("qwen.json", R"({"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+    "hidden_act": "silu", "tie_word_embeddings": true, "max_position_embeddings": 32768})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: qwen.json\n"), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(e.model.layers, 24);
+  EXPECT_EQ(e.model.kv_heads, 2);
+  EXPECT_TRUE(e.model.tied_embeddings);
+  EXPECT_EQ(e.model.norm, Norm::rmsnorm);
+}
+
+TEST(ExperimentIoHf, Gpt2) {
+  TempDir d;
+  d.write("gpt2.json", R"({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": null,
+    "vocab_size": 50257, "n_positions": 1024, "activation_function": "gelu_new"})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: gpt2.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.layers, 12);
+  EXPECT_EQ(m.hidden, 768);
+  EXPECT_EQ(m.heads, 12);
+  EXPECT_EQ(m.kv_heads, 12);
+  EXPECT_EQ(m.ffn_hidden, 4 * 768);  // n_inner null -> 4 * n_embd
+  EXPECT_EQ(m.vocab, 50257);
+  EXPECT_EQ(m.activation, Activation::gelu);
+  EXPECT_TRUE(m.tied_embeddings);
+  EXPECT_EQ(m.norm, Norm::layernorm);
+  EXPECT_EQ(m.position, Position::learned);
+  EXPECT_EQ(m.max_position_embeddings, 1024);
+}
+
+TEST(ExperimentIoHf, GptNeoX) {
+  TempDir d;
+  d.write("neox.json", R"({"model_type": "gpt_neox", "num_hidden_layers": 44, "hidden_size": 6144,
+    "num_attention_heads": 64, "intermediate_size": 24576, "vocab_size": 50432, "hidden_act": "gelu_fast",
+    "rotary_pct": 0.25, "use_parallel_residual": true, "max_position_embeddings": 2048})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: neox.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.layers, 44);
+  EXPECT_EQ(m.hidden, 6144);
+  EXPECT_EQ(m.heads, 64);
+  EXPECT_EQ(m.ffn_hidden, 24576);
+  EXPECT_EQ(m.vocab, 50432);
+  EXPECT_EQ(m.activation, Activation::gelu);
+  EXPECT_FALSE(m.tied_embeddings);  // GPTNeoXConfig default
+  EXPECT_EQ(m.norm, Norm::layernorm);
+  EXPECT_EQ(m.position, Position::rope);
+}
+
+TEST(ExperimentIoHf, YamlKeysOverrideJson) {
+  TempDir d;
+  d.write("gpt2.json", R"({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257,
+    "n_positions": 1024})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: gpt2.json\n  layers: 4\n  name: tiny\n"
+                                                "  tied_embeddings: false\n"),
+                                        "exp.yaml", {"model.vocab=50304"}, d.path().string());
+  EXPECT_EQ(e.model.layers, 4);
+  EXPECT_EQ(e.model.name, "tiny");
+  EXPECT_FALSE(e.model.tied_embeddings);
+  EXPECT_EQ(e.model.vocab, 50304);
+  EXPECT_EQ(e.model.hidden, 768);
+}
+
+TEST(ExperimentIoHf, MissingJsonKeyIsNamed) {
+  TempDir d;
+  d.write("bad.json", R"({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+    "intermediate_size": 64, "vocab_size": 128, "hidden_act": "silu"})");
+  const auto ps = problems(hf_yaml("  hf_config: bad.json\n"), {}, d.path().string());
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0], "exp.yaml: model.hidden is required: not set in the YAML and hf_config \"bad.json\" has no "
+                   "\"hidden_size\"");
+  // Given in the YAML instead, the same file is fine.
+  EXPECT_TRUE(problems(hf_yaml("  hf_config: bad.json\n  hidden: 32\n"), {}, d.path().string()).empty());
+}
+
+TEST(ExperimentIoHf, BadFiles) {
+  TempDir d;
+  {
+    const auto ps = problems(hf_yaml("  hf_config: none.json\n"), {}, d.path().string());
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: model.hf_config=\"none.json\": cannot read " + (d.path() / "none.json").string() +
+                         " (no such file or not readable)");
+  }
+  {
+    d.write("broken.json", "{\"model_type\": ");
+    const auto ps = problems(hf_yaml("  hf_config: broken.json\n"), {}, d.path().string());
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0].rfind("exp.yaml: model.hf_config=\"broken.json\": " + (d.path() / "broken.json").string() +
+                              " is not valid JSON",
+                          0),
+              0u)
+        << ps[0];
+  }
+  {
+    d.write("t5.json", R"({"model_type": "t5", "num_layers": 6})");
+    const auto ps = problems(hf_yaml("  hf_config: t5.json\n"), {}, d.path().string());
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: model.hf_config=\"t5.json\": model_type=\"t5\" is not supported (supported: llama, "
+                     "mistral, qwen2, gpt2, gpt_neox)");
+  }
+  {
+    d.write("relu.json", R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+      "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 128, "hidden_act": "relu"})");
+    const auto ps = problems(hf_yaml("  hf_config: relu.json\n"), {}, d.path().string());
+    EXPECT_NE(std::find(ps.begin(), ps.end(),
+                        "exp.yaml: model.hf_config=\"relu.json\": \"hidden_act\"=\"relu\" is not supported "
+                        "(supported: silu, swish -> swiglu; gelu* -> gelu)"),
+              ps.end())
+        << dump(ps);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Presets.
+
+TEST(ExperimentIoPresets, GpuRegistry) {
+  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200"}));
+  EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
+  EXPECT_EQ(find_gpu_preset("nope"), nullptr);
+  try {
+    gpu_preset("nope");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200)");
+  }
+  for (const auto& name : gpu_preset_names()) {
+    SCOPED_TRACE(name);
+    const GpuSpec& g = gpu_preset(name);
+    EXPECT_EQ(g.name, name);
+    EXPECT_GT(g.peak_bf16_flops, 0);
+    EXPECT_GT(g.hbm_bytes, 0);
+    EXPECT_GT(g.hbm_bandwidth, 0);
+    EXPECT_GT(g.gemm_efficiency, 0);
+    EXPECT_LE(g.gemm_efficiency, 1);
+    EXPECT_GT(g.memory_efficiency, 0);
+    EXPECT_LE(g.memory_efficiency, 1);
+    EXPECT_GT(g.kernel_overhead, 0);
+    EXPECT_LT(g.kernel_overhead, 20e-6);  // a few microseconds
+  }
+  EXPECT_EQ(gpu_preset("A100-SXM4-80GB").peak_fp8_flops, 0.0);
+  EXPECT_DOUBLE_EQ(gpu_preset("H100-SXM5-80GB").peak_fp8_flops, 1979e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("H200-SXM-141GB").hbm_bandwidth, 4800e9);
+  EXPECT_DOUBLE_EQ(gpu_preset("B200").peak_bf16_flops, 2250e12);
+}
+
+TEST(ExperimentIoPresets, NodeRegistry) {
+  EXPECT_EQ(node_preset_names(), (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200"}));
+  for (const auto& name : node_preset_names()) {
+    SCOPED_TRACE(name);
+    const NodePreset& n = node_preset(name);
+    EXPECT_NE(find_gpu_preset(n.gpu), nullptr);
+    EXPECT_EQ(n.gpus_per_node, 8);
+    EXPECT_EQ(n.nics_per_node, 8);
+    EXPECT_GT(n.nvlink.efficiency, 0);
+    EXPECT_LE(n.nvlink.efficiency, 1);
+    EXPECT_GT(n.nic.efficiency, 0);
+    EXPECT_LE(n.nic.efficiency, 1);
+    EXPECT_GT(n.nic.latency, n.nvlink.latency);
+    EXPECT_GT(n.hbm_reserve_bytes, 0);
+    EXPECT_LT(n.hbm_reserve_bytes, 8.0 * 1024 * 1024 * 1024);
+  }
+  EXPECT_DOUBLE_EQ(node_preset("dgx-a100").nvlink.bandwidth, 300e9);
+  EXPECT_DOUBLE_EQ(node_preset("dgx-h100").nvlink.bandwidth, 450e9);
+  EXPECT_DOUBLE_EQ(node_preset("dgx-b200").nvlink.bandwidth, 900e9);
+  EXPECT_DOUBLE_EQ(node_preset("dgx-a100").nic.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(node_preset("dgx-h200").nic.bandwidth, 50e9);
+  EXPECT_THROW(node_preset("dgx-z"), InputError);
+}
+
+}  // namespace
+}  // namespace dtsim

@@ -1,0 +1,187 @@
+// The step plan of small layouts: which collectives, on which groups, with which bytes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "models/flops.hpp"
+#include "models/plan.hpp"
+#include "models/rank_grid.hpp"
+
+namespace dtsim {
+namespace {
+
+// A small GPT: 4 layers, h=256, 8 heads, ffn 4h, vocab 1024, seq 128 on one DGX A100.
+std::string small_gpt(const std::string& layout, const std::string& training_extra = "") {
+  return "title: small\n"
+         "model: {name: tiny, layers: 4, hidden: 256, heads: 8, kv_heads: 8, ffn_hidden: 1024, activation: gelu,\n"
+         "        vocab: 1024, tied_embeddings: false, norm: layernorm, position: learned}\n"
+         "cluster: {node: dgx-a100, nodes: 1}\n"
+         "layout: " + layout + "\n"
+         "training: {seq_len: 128, global_batch: 8, micro_batch: 2, dtype: bf16, flash_attention: true,\n"
+         "           overlap_grad_reduce: true, framework: megatron" + training_extra + "}\n";
+}
+
+Experiment exp_of(const std::string& layout, const std::string& extra = "") {
+  return parse_experiment(small_gpt(layout, extra), "small.yaml");
+}
+
+int count(const StagePlan& st, OpType type, const std::string& name) {
+  return static_cast<int>(std::count_if(st.ops.begin(), st.ops.end(),
+                                        [&](const Op& op) { return op.type == type && name == op.name; }));
+}
+
+double sum_size(const StagePlan& st, OpType type, const std::string& name) {
+  double s = 0;
+  for (const auto& op : st.ops)
+    if (op.type == type && name == op.name) s += op.size_bytes;
+  return s;
+}
+
+constexpr double kActBytes = 2.0 * 2 * 128 * 256;  // bf16 x b=2 x s=128 x h=256
+
+TEST(Plan, TensorParallelAllReducesTwicePerLayerEachWay) {
+  // TP2 DP2 PP2 on 8 GPUs, no SP: Megatron's f/g operators give 2 AllReduces in the
+  // forward and 2 in the backward of every layer, each the full activation.
+  const auto plan = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: false, recompute: none}"));
+  ASSERT_EQ(plan.stages.size(), 2u);
+  EXPECT_EQ(plan.shape.micro_batches, 2);  // 8 / (2 x 2)
+  const auto& s0 = plan.stages[0];
+  EXPECT_EQ(s0.layers, 2);
+  // Layers: 2 layers x 2 micro-batches x (2 fwd + 2 bwd); embedding: 1 fwd AllReduce per micro-batch.
+  EXPECT_EQ(count(s0, OpType::collective, "tp_allreduce"), 2 * 2 * 4 + 2);
+  for (const auto& op : s0.ops) {
+    if (op.type != OpType::collective || std::string(op.name) != "tp_allreduce") continue;
+    EXPECT_EQ(op.group, GroupKind::TP);
+    EXPECT_EQ(op.collective, Collective::AllReduce);
+    EXPECT_DOUBLE_EQ(op.size_bytes, kActBytes);
+  }
+  // No ReduceScatter/AllGather on TP without SP (except the PP scatter/gather's gather).
+  EXPECT_EQ(count(s0, OpType::collective, "tp_reducescatter"), 0);
+  // Last stage: vocab-parallel cross entropy adds 3 small AllReduces per micro-batch.
+  EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss"), 3 * 2);
+}
+
+TEST(Plan, SequenceParallelReplacesAllReduceByReduceScatterAndAllGather) {
+  const auto plan = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"));
+  const auto& s0 = plan.stages[0];
+  EXPECT_EQ(count(s0, OpType::collective, "tp_allreduce"), 0);
+  // Per layer per micro-batch: fwd 2 AG + 2 RS; bwd 2 AG + 2 RS (+2 async re-gathers).
+  EXPECT_EQ(count(s0, OpType::collective, "tp_reducescatter"), 2 * 2 * 2 + 2 * 2 * 2 + 2 /*embedding*/);
+  EXPECT_EQ(count(s0, OpType::collective, "tp_allgather"), 2 * 2 * 2 + 2 * 2 * 2 + 2 /*embedding bwd*/);
+  EXPECT_EQ(count(s0, OpType::issue, "tp_allgather_input"), 2 * 2 * 2);
+  for (const auto& op : s0.ops) {
+    if (op.kind == CommKind::TP && (op.type == OpType::collective || op.type == OpType::issue)) {
+      EXPECT_DOUBLE_EQ(op.size_bytes, kActBytes) << op.name;
+    }
+  }
+}
+
+TEST(Plan, PipelineSendsEveryMicroBatchBothWays) {
+  const auto plan = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"));
+  const auto& s0 = plan.stages[0];
+  const auto& s1 = plan.stages[1];
+  EXPECT_EQ(count(s0, OpType::send, "send_activation"), 2);
+  EXPECT_EQ(count(s0, OpType::recv, "recv_grad"), 2);
+  EXPECT_EQ(count(s0, OpType::recv, "recv_activation"), 0);
+  EXPECT_EQ(count(s1, OpType::recv, "recv_activation"), 2);
+  EXPECT_EQ(count(s1, OpType::send, "send_grad"), 2);
+  // Each TP rank sends its 1/t share (Narayanan 2021 Sec 4.1 scatter/gather).
+  EXPECT_DOUBLE_EQ(sum_size(s0, OpType::send, "send_activation"), 2 * kActBytes / 2);
+  // 1F1B on the first of 2 stages: one warm-up forward, then F B, then B.
+  std::string order;
+  for (const auto& op : s0.ops)
+    if (op.type == OpType::send || (op.type == OpType::recv)) order += op.type == OpType::send ? "S" : "R";
+  EXPECT_EQ(order, "SSRR");
+  std::string order1;
+  for (const auto& op : s1.ops)
+    if (op.type == OpType::send || (op.type == OpType::recv)) order1 += op.type == OpType::send ? "S" : "R";
+  EXPECT_EQ(order1, "RSRS");
+}
+
+TEST(Plan, DataParallelGradientsReducedOnceOverDpTimesCp) {
+  const auto plan = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"));
+  for (const auto& st : plan.stages) {
+    double issued = 0;
+    for (const auto& op : st.ops) {
+      if (op.type != OpType::issue || op.kind != CommKind::DP) continue;
+      EXPECT_EQ(op.group, GroupKind::DPxCP);
+      EXPECT_EQ(op.collective, Collective::AllReduce);
+      EXPECT_EQ(op.micro_batch, 1) << "DDP syncs on the last micro-batch only";
+      issued += op.size_bytes;
+    }
+    // Every parameter's fp32 main gradient exactly once (Megatron: 4 bytes).
+    EXPECT_DOUBLE_EQ(issued, st.params_per_rank * 4.0) << "stage " << st.stage;
+    EXPECT_EQ(count(st, OpType::compute, "optimizer_adam"), 1);
+  }
+}
+
+TEST(Plan, ZeroStagesChangeTheDataParallelCollectives) {
+  const auto z1 = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: none}"));
+  const auto& s = z1.stages[0];
+  EXPECT_EQ(count(s, OpType::issue, "dp_grad_allreduce"), 0);
+  EXPECT_DOUBLE_EQ(sum_size(s, OpType::issue, "dp_grad_reducescatter"), s.params_per_rank * 4.0);
+  // Parameters (bf16) all-gathered after the sharded optimizer step.
+  EXPECT_DOUBLE_EQ(sum_size(s, OpType::collective, "dp_param_allgather"), s.params_per_rank * 2.0);
+  EXPECT_DOUBLE_EQ(s.optimizer_params, s.params_per_rank / 2.0);
+
+  const auto z3 = build_step_plan(exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 3, sequence_parallel: true, recompute: none}"));
+  const auto& s3 = z3.stages[0];
+  // ZeRO-3: each layer gathered before forward and again before backward, every micro-batch.
+  EXPECT_EQ(count(s3, OpType::issue, "dp_param_allgather"), 2 /*layers*/ * 2 /*mb*/ * 2 /*fwd+bwd*/);
+  EXPECT_EQ(count(s3, OpType::issue, "dp_grad_reducescatter"), 2 * 2 + 2 /*embedding per mb*/);
+  EXPECT_EQ(count(s3, OpType::collective, "dp_param_allgather"), 0);
+}
+
+TEST(Plan, ContextParallelExchangesKeysAndValues) {
+  const auto plan = build_step_plan(exp_of("{dp: 1, tp: 2, cp: 2, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"));
+  const auto& s0 = plan.stages[0];
+  EXPECT_EQ(plan.shape.tokens_local, 64);
+  // Forward: 1 K/V AllGather per layer and micro-batch; backward: K/V again + dK/dV ReduceScatter.
+  const int mb = static_cast<int>(plan.shape.micro_batches);
+  EXPECT_EQ(count(s0, OpType::issue, "cp_kv_allgather"), 2 * mb * 2);
+  EXPECT_EQ(count(s0, OpType::issue, "cp_dkv_reducescatter"), 2 * mb);
+  // K and V of 64 local tokens, 8 heads x 32 dims / TP 2, bf16, gathered from 2 CP ranks.
+  const double kv = 2.0 * 2 /*K,V*/ * 2 /*b*/ * 64 * (8 * 32) / 2.0;
+  EXPECT_DOUBLE_EQ(sum_size(s0, OpType::issue, "cp_dkv_reducescatter") / (2 * mb), kv * 2);
+}
+
+TEST(Plan, ExecutedFlopsEqualTheHardwareFlopsConvention) {
+  for (const char* rc : {"none", "selective", "full"}) {
+    const auto e = exp_of(std::string("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: true, recompute: ") + rc + "}");
+    const auto plan = build_step_plan(e);
+    const double expect = hardware_flops_per_step(e.model, e.training.global_batch, e.training.seq_len, e.layout.recompute);
+    EXPECT_NEAR(plan_executed_flops(plan) / expect, 1.0, 1e-12) << rc;
+  }
+}
+
+TEST(Plan, RingCostsFollowNcclTestsConvention) {
+  EXPECT_DOUBLE_EQ(ring_cost(Collective::AllReduce, 8, 800).edge_bytes, 1400);
+  EXPECT_EQ(ring_cost(Collective::AllReduce, 8, 800).steps, 14);
+  EXPECT_DOUBLE_EQ(ring_cost(Collective::ReduceScatter, 4, 400).edge_bytes, 300);
+  EXPECT_EQ(ring_cost(Collective::AllGather, 4, 400).steps, 3);
+  EXPECT_DOUBLE_EQ(ring_cost(Collective::AllReduce, 1, 400).edge_bytes, 0);
+}
+
+TEST(Plan, ComputeOpsAreTimedByTheRoofline) {
+  auto e = exp_of("{dp: 4, tp: 2, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}");
+  const auto plan = build_step_plan(e);
+  const auto& gpu = e.cluster.gpu;
+  for (const auto& op : plan.stages[0].ops) {
+    if (op.type != OpType::compute || op.kernel != KernelKind::gemm) continue;
+    const double flop_t = op.flops / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
+    const double mem_t = op.bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency);
+    EXPECT_NEAR(op.time_s, std::max(flop_t, mem_t) + gpu.kernel_overhead, 1e-15) << op.name;
+  }
+}
+
+TEST(Plan, InvalidExperimentIsRejectedBeforePlanning) {
+  auto e = exp_of("{dp: 2, tp: 2, pp: 2, zero_stage: 0, sequence_parallel: false, recompute: none}");
+  e.layout.tp = 3;
+  EXPECT_THROW(build_step_plan(e), InputError);
+}
+
+}  // namespace
+}  // namespace dtsim

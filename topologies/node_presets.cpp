@@ -1,0 +1,173 @@
+#include "topologies/node_presets.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+#include "models/errors.hpp"
+
+namespace dtsim {
+
+namespace {
+
+constexpr double GBps = 1e9;      // B/s
+constexpr double Gbps = 1e9 / 8;  // bit/s -> B/s
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double us = 1e-6;
+
+// ---------------------------------------------------------------------------------------
+// Per-step latency (alpha) of NCCL's Ring/Simple protocol, from NCCL's own tuning model:
+// NVIDIA/nccl src/graph/tuning.cc @b6475625, table hwLat[hw][algo][proto] (microseconds):
+//   NVLINK Ring Simple 3.4   (PCI 5.7)
+//   NET    Ring Simple 14.0  (NCCL 2.7-era version of the same file, @01afd20a: 9.6)
+// NCCL adds a per-collective baseLat (Ring Simple 8.4 us) on top of nsteps * hwLat; that
+// fixed term has no place in LinkSpec (per-step latency) and is left to the collective model.
+constexpr double kNvlinkStepLatency = 3.4 * us;
+constexpr double kNetStepLatency = 14.0 * us;
+
+// HBM kept back per GPU. Documented assumption, not a measurement of a training job:
+//   CUDA context ~0.3 GB with lazy module loading, >1 GB before CUDA 11.7
+//     (pytorch/pytorch#107667, ptrblck);
+//   one NCCL communicator with AllReduce on 8 GPUs ~1.6 GB; more communicators use more
+//     unless created with ncclCommSplit sharing resources (NVIDIA/nccl#864, #986, sjeaugey).
+// 2 GiB covers the context plus one communicator's buffers. Allocator fragmentation is
+// workload-dependent and is NOT reserved here (memory models may add it explicitly).
+constexpr double kHbmReserve = 2 * GiB;
+
+// NIC efficiency = NCCL achievable per-NIC bandwidth / line rate:
+//   HDR 200 Gb/s = 25 GB/s line; "24GB/s is the peak performance per 200G NIC"
+//     (sjeaugey, NVIDIA/nccl-tests#119)                              -> 24/25 = 0.96
+//   NDR 400 Gb/s = 50 GB/s line; "For NDR @ 400Gbps you should see 46-48GB/s per NIC"
+//     (AddyLaddy, NVIDIA/nccl-tests#290); midpoint 47                  -> 47/50 = 0.94
+constexpr double kHdrEfficiency = 24.0 / 25.0;
+constexpr double kNdrEfficiency = 47.0 / 50.0;
+// ---------------------------------------------------------------------------------------
+
+const std::vector<NodePreset>& registry() {
+  static const std::vector<NodePreset> entries = [] {
+    std::vector<NodePreset> v;
+    {
+      NodePreset n;
+      n.name = "dgx-a100";
+      n.gpu = "A100-SXM4-80GB";  // Selene nodes (Narayanan 2021 Sec 5; hardware.csv "Selene")
+      n.gpus_per_node = 8;
+      // NVLink3: 12 links x 25 GB/s per direction = 300 GB/s per direction per GPU through
+      // NVSwitch gen2 (hardware.csv "A100 SXM4 80GB": 600 GB/s bidirectional; nccl-tests#149).
+      n.nvlink.bandwidth = 300 * GBps;
+      n.nvlink.latency = kNvlinkStepLatency;
+      // 230 of 300 GB/s: "should reach 230 GB/s" AllReduce busbw on 8x A100 SXM4 80GB
+      // (sjeaugey, NVIDIA/nccl-tests#149; nccl_busbw.csv) -> 0.767.
+      n.nvlink.efficiency = 230.0 / 300.0;
+      // 8 x 200 Gb/s HDR InfiniBand compute HCAs (hardware.csv "Selene DGX A100 node";
+      // storage HCAs excluded).
+      n.nics_per_node = 8;
+      n.nic.bandwidth = 200 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kHdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      v.push_back(n);
+    }
+    {
+      NodePreset n;
+      n.name = "dgx-h100";
+      n.gpu = "H100-SXM5-80GB";
+      n.gpus_per_node = 8;
+      // NVLink4: 18 links, 900 GB/s bidirectional = 450 GB/s per direction per GPU via
+      // NVSwitch gen3 (hardware.csv "H100 SXM5 80GB" and "NVIDIA Eos DGX H100 node").
+      n.nvlink.bandwidth = 450 * GBps;
+      n.nvlink.latency = kNvlinkStepLatency;
+      // ~370 of 450 GB/s with NCCL_ALGO=RING ("450 GB/s line rate minus ~20% protocol
+      // overhead"; sjeaugey, NVIDIA/nccl-tests#212; user measurements 365-370 in
+      // NVIDIA/nccl#1455 and 368.76 in nccl-tests#309) -> 0.822.
+      n.nvlink.efficiency = 370.0 / 450.0;
+      // 8 x ConnectX-7 NDR 400 Gb/s compute NICs (MLPerf v4.0 Eos SYSJSON; hardware.csv).
+      n.nics_per_node = 8;
+      n.nic.bandwidth = 400 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kNdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      v.push_back(n);
+    }
+    {
+      NodePreset n;
+      n.name = "dgx-h200";
+      n.gpu = "H200-SXM-141GB";
+      n.gpus_per_node = 8;
+      // Same NVLink4 / NVSwitch gen3 as H100: 900 GB/s bidirectional (hardware.csv
+      // "H200 SXM 141GB"), 450 GB/s per direction.
+      n.nvlink.bandwidth = 450 * GBps;
+      n.nvlink.latency = kNvlinkStepLatency;
+      // No Ring busbw published for H200 (NVIDIA/nccl-tests#272 reports NVLS AllReduce peak
+      // 475 GB/s, matching H100's ~480 NVLS figure). Same NVLink4 fabric: H100 ring ratio
+      // 370/450 is used (derived, stated).
+      n.nvlink.efficiency = 370.0 / 450.0;
+      // DGX H200 keeps DGX H100's 8 x 400 Gb/s NDR compute NICs. Not verified against a
+      // source here: validation/hardware.csv has no DGX H200 row.
+      n.nics_per_node = 8;
+      n.nic.bandwidth = 400 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kNdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      v.push_back(n);
+    }
+    {
+      NodePreset n;
+      n.name = "dgx-b200";
+      n.gpu = "B200";
+      n.gpus_per_node = 8;
+      // NVLink5: 1.8 TB/s bidirectional = 900 GB/s per direction per GPU (hardware.csv
+      // "B200": 14.4 TB/s NVLink per 8 GPUs, DGX-B200 wiki).
+      n.nvlink.bandwidth = 900 * GBps;
+      n.nvlink.latency = kNvlinkStepLatency;
+      // No NVLink5 ring busbw found. Derived from the NVLink4 ring ratio 370/450
+      // (nccl-tests#212): explicit assumption until a B200 measurement exists.
+      n.nvlink.efficiency = 370.0 / 450.0;
+      // 8 x 400 Gb/s compute NICs (ConnectX-7). Not verified against a source here:
+      // hardware.csv has no DGX B200 NIC row. Same NDR efficiency as dgx-h100.
+      n.nics_per_node = 8;
+      n.nic.bandwidth = 400 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kNdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      v.push_back(n);
+    }
+    return v;
+  }();
+  return entries;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+}  // namespace
+
+const NodePreset* find_node_preset(std::string_view name) {
+  for (const auto& n : registry())
+    if (iequals(n.name, name)) return &n;
+  return nullptr;
+}
+
+const NodePreset& node_preset(std::string_view name) {
+  if (const NodePreset* n = find_node_preset(name)) return *n;
+  throw InputError("unknown node preset \"" + std::string(name) + "\" (valid: " + node_preset_list() + ")");
+}
+
+std::vector<std::string> node_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& n : registry()) names.push_back(n.name);
+  return names;
+}
+
+std::string node_preset_list() {
+  std::string out;
+  for (const auto& n : node_preset_names()) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+}  // namespace dtsim

@@ -1,0 +1,39 @@
+#pragma once
+// Registry of node presets by name (case-insensitive): dgx-a100, dgx-h100, dgx-h200,
+// dgx-b200. A node preset fills cluster.gpus_per_node, cluster.nvlink, cluster.nics_per_node,
+// cluster.nic and cluster.hbm_reserve, and names the GPU preset used when cluster.gpu is
+// absent. Every number cites its source in topologies/node_presets.cpp.
+// Units are those of dtsim::LinkSpec / ClusterSpec: B/s per direction, seconds, bytes.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/experiment.hpp"
+
+namespace dtsim {
+
+struct NodePreset {
+  std::string name;
+  std::string gpu;             // GPU preset name (topologies/gpu_presets.hpp)
+  int64_t gpus_per_node = 0;
+  LinkSpec nvlink;             // per GPU into the NVSwitch domain
+  int64_t nics_per_node = 0;   // compute NICs (storage/management NICs excluded)
+  LinkSpec nic;                // per NIC
+  double hbm_reserve_bytes = 0;
+};
+
+/// The preset named `name` (case-insensitive), or nullptr when there is none.
+const NodePreset* find_node_preset(std::string_view name);
+
+/// The preset named `name` (case-insensitive).
+/// Throws InputError(`unknown node preset "X" (valid: dgx-a100, ...)`).
+const NodePreset& node_preset(std::string_view name);
+
+/// Canonical names of every preset, in registry order.
+std::vector<std::string> node_preset_names();
+
+/// The names joined by ", " (for error messages).
+std::string node_preset_list();
+
+}  // namespace dtsim
