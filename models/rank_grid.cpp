@@ -97,9 +97,21 @@ std::string describe_groups(const RankGrid& grid, int64_t gpus_per_node) {
   std::vector<GroupKind> kinds = {GroupKind::TP, GroupKind::CP, GroupKind::DP, GroupKind::PP};
   if (grid.layout().cp > 1) kinds.push_back(GroupKind::DPxCP);  // equals DP when cp == 1
   std::ostringstream os;
+  // At most this many groups per kind are listed; the rest are counted (a 16K-GPU layout
+  // has thousands of groups, all alike).
+  constexpr size_t kMaxListed = 16;
   for (GroupKind k : kinds) {
     const auto gs = grid.groups(k);
+    if (!gs.empty() && gs.front().size() == 1) {
+      os << to_string(k) << " groups: none (size 1)\n";
+      continue;
+    }
     for (size_t i = 0; i < gs.size(); ++i) {
+      if (i == kMaxListed) {
+        os << to_string(k) << " groups " << i << ".." << gs.size() - 1 << ": " << gs.size() - i
+           << " more of " << gs.front().size() << " ranks each\n";
+        break;
+      }
       os << to_string(k) << " group " << i << ": ranks [";
       std::set<int64_t> nodes;
       for (size_t j = 0; j < gs[i].size(); ++j) {

@@ -1,0 +1,30 @@
+#pragma once
+// Subcommands of the dtsim CLI. Each lives in its own sim/cli/cmd_*.cpp and is registered
+// in main.cpp. Only the CLI turns errors into messages and exit codes.
+#include <functional>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+
+namespace dtsim::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitInput = 2;
+
+/// A subcommand: its CLI11 node and what runs when it was given. The options it parses
+/// into live in the closure.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+/// Throws InputError naming `path` when it is not a readable regular file.
+void require_input_file(const std::string& path);
+/// Throws InputError when the directory that would hold `path` does not exist.
+void require_output_dir(const std::string& path, const std::string& option);
+
+// ---- registered subcommands (one line each in main.cpp) ----
+Command add_run_command(CLI::App& app);
+
+}  // namespace dtsim::cli
