@@ -55,4 +55,21 @@ const char* to_string(Framework f) {
   return "?";
 }
 
+const char* to_string(Schedule s) {
+  switch (s) {
+    case Schedule::gpipe: return "gpipe";
+    case Schedule::one_f_one_b: return "1f1b";
+    case Schedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+const char* to_string(GradDtype g) {
+  switch (g) {
+    case GradDtype::fp32: return "fp32";
+    case GradDtype::bf16: return "bf16";
+  }
+  return "?";
+}
+
 }  // namespace dtsim

@@ -13,6 +13,10 @@ enum class Position { learned, rope };
 enum class Recompute { none, selective, full };
 enum class Dtype { bf16, fp8 };
 enum class Framework { megatron, deepspeed, zero_paper };
+/// Pipeline schedule (Narayanan 2021 Sec 2.2): GPipe (all forwards, then all backwards),
+/// 1F1B (PipeDream-Flush), interleaved 1F1B with `vp` virtual stages per rank.
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class GradDtype { fp32, bf16 };
 
 /// Decoder-only Transformer.
 struct ModelSpec {
@@ -78,6 +82,10 @@ struct Layout {
   int zero_stage = 0;            // 0..3
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
+  /// Virtual pipeline stages per rank (interleaved 1F1B); 1 otherwise.
+  int64_t vp = 1;
+  /// Default: interleaved when vp > 1, else 1F1B.
+  Schedule schedule = Schedule::one_f_one_b;
 };
 
 struct Training {
@@ -88,6 +96,21 @@ struct Training {
   bool flash_attention = true;   // fused attention: no s^2 score memory or traffic
   bool overlap_grad_reduce = true;  // DP gradient reduction overlaps backward
   Framework framework = Framework::megatron;  // bytes-per-parameter accounting
+  /// Gradient (main-grad) dtype accumulated and reduced over DP: fp32 as Megatron
+  /// (bf16 training forces accumulate_allreduce_grads_in_fp32), bf16 as DeepSpeed/FSDP.
+  GradDtype main_grad = GradDtype::fp32;
+  /// DDP / distributed-optimizer gradient bucket, bytes; 0 = the framework default
+  /// (Megatron-Core: max(40M, 1M x DP) parameters).
+  double grad_bucket_bytes = 0;
+  /// Distributed optimizer / ZeRO-1/2: parameter AllGather overlapped with the next
+  /// step's forward (Megatron --overlap-param-gather) instead of exposed after the step.
+  bool overlap_param_gather = false;
+  /// TP communication overlapped with the GEMMs (Transformer Engine userbuffers,
+  /// Megatron --tp-comm-overlap); off: TP collectives sit on the critical path.
+  bool tp_comm_overlap = false;
+  /// Reduce gradients on every micro-batch (DeepSpeed ZeRO-2/3 behaviour) instead of on
+  /// the last one only (Megatron DDP / distributed optimizer).
+  bool reduce_every_micro_batch = false;
   /// Gradient accumulation steps: global_batch / (micro_batch * dp).
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };
@@ -121,5 +144,7 @@ const char* to_string(Position);
 const char* to_string(Recompute);
 const char* to_string(Dtype);
 const char* to_string(Framework);
+const char* to_string(Schedule);
+const char* to_string(GradDtype);
 
 }  // namespace dtsim

@@ -14,11 +14,14 @@
 //          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
 //          efficiency}, nics_per_node, nic {bandwidth, latency, efficiency},
 //          fabric (non-blocking), hbm_reserve
-//   layout: dp (integer or auto), tp, cp (1), pp (1), zero_stage (0), sequence_parallel
-//          (false), recompute (none|selective|full; none)
+//   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
+//          interleaved; interleaved when vp > 1, else 1f1b), zero_stage (0),
+//          sequence_parallel (false), recompute (none|selective|full; none)
 //   training: seq_len, global_batch, micro_batch, dtype (bf16|fp8; bf16), flash_attention
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
-//          megatron)
+//          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
+//          overlap_param_gather (false), tp_comm_overlap (false),
+//          reduce_every_micro_batch (false)
 #include "models/experiment_io.hpp"
 
 #include <algorithm>
@@ -66,10 +69,11 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "memory_efficiency", "kernel_overhead"}},
       {"cluster.nvlink", {"bandwidth", "latency", "efficiency"}},
       {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
-      {"layout", {"dp", "tp", "cp", "pp", "zero_stage", "sequence_parallel", "recompute"}},
+      {"layout", {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute"}},
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
-        "framework"}},
+        "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
+        "reduce_every_micro_batch"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
   };
   auto it = schema.find(map_path);
@@ -145,6 +149,9 @@ const Choices<Position> kPositions = {{"learned", Position::learned}, {"rope", P
 const Choices<Recompute> kRecomputes = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 const Choices<Dtype> kDtypes = {{"bf16", Dtype::bf16}, {"fp8", Dtype::fp8}};
+const Choices<Schedule> kSchedules = {
+    {"1f1b", Schedule::one_f_one_b}, {"gpipe", Schedule::gpipe}, {"interleaved", Schedule::interleaved}};
+const Choices<GradDtype> kGradDtypes = {{"fp32", GradDtype::fp32}, {"bf16", GradDtype::bf16}};
 const Choices<Framework> kFrameworks = {
     {"megatron", Framework::megatron}, {"deepspeed", Framework::deepspeed}, {"zero-paper", Framework::zero_paper}};
 
@@ -664,6 +671,9 @@ LayoutDraft read_layout(Reader r) {
   }
   set_if(l.sequence_parallel, r.boolean("sequence_parallel"));
   set_if(l.recompute, r.choice("recompute", kRecomputes));
+  set_if(l.vp, r.integer("vp"));
+  if (auto sch = r.choice("schedule", kSchedules)) l.schedule = *sch;
+  else if (l.vp > 1) l.schedule = Schedule::interleaved;
   return d;
 }
 
@@ -679,6 +689,11 @@ Training read_training(Reader r) {
   set_if(t.flash_attention, r.boolean("flash_attention"));
   set_if(t.overlap_grad_reduce, r.boolean("overlap_grad_reduce"));
   set_if(t.framework, r.choice("framework", kFrameworks));
+  set_if(t.main_grad, r.choice("main_grad", kGradDtypes));
+  set_if(t.grad_bucket_bytes, r.quantity("grad_bucket", Quantity::bytes));
+  set_if(t.overlap_param_gather, r.boolean("overlap_param_gather"));
+  set_if(t.tp_comm_overlap, r.boolean("tp_comm_overlap"));
+  set_if(t.reduce_every_micro_batch, r.boolean("reduce_every_micro_batch"));
   return t;
 }
 
@@ -853,6 +868,19 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   }
   if (ok({"layout.pp", "model.layers"}) && l.pp > 0 && m.layers > 0 && !divides(l.pp, m.layers))
     p.add("layout.pp=" + s(l.pp) + " does not divide model.layers=" + s(m.layers));
+  if (ok({"layout.vp"}) && l.vp < 1) p.add("layout.vp=" + s(l.vp) + " must be a positive integer");
+  if (ok({"layout.vp", "layout.pp", "model.layers"}) && l.vp > 1 && l.pp > 0 && m.layers > 0 &&
+      !divides(l.pp * l.vp, m.layers))
+    p.add("layout.pp*vp=" + s(l.pp) + "*" + s(l.vp) + " does not divide model.layers=" + s(m.layers) +
+          " (each virtual stage holds a whole number of layers)");
+  if (ok({"layout.schedule", "layout.vp"}) && l.schedule == Schedule::interleaved && l.vp < 2)
+    p.add("layout.schedule=interleaved needs layout.vp >= 2 (got vp=" + s(l.vp) + ")");
+  if (ok({"layout.schedule", "layout.vp"}) && l.schedule != Schedule::interleaved && l.vp > 1)
+    p.add("layout.vp=" + s(l.vp) + " needs layout.schedule=interleaved (got " + to_string(l.schedule) + ")");
+  if (ok({"layout.schedule", "layout.pp"}) && l.schedule == Schedule::interleaved && l.pp < 2)
+    p.add("layout.schedule=interleaved needs layout.pp >= 2 (got pp=" + s(l.pp) + ")");
+  if (ok({"training.grad_bucket"}) && t.grad_bucket_bytes < 0)
+    p.add("training.grad_bucket must not be negative");
   if (ok({"layout.cp", "training.seq_len"}) && l.cp > 0 && t.seq_len > 0 && !divides(l.cp, t.seq_len))
     p.add("layout.cp=" + s(l.cp) + " does not divide training.seq_len=" + s(t.seq_len));
 

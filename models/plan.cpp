@@ -29,6 +29,21 @@ const char* to_string(Collective c) {
   return "?";
 }
 
+const char* to_string(ReduceOp r) {
+  switch (r) {
+    case ReduceOp::none: return "none";
+    case ReduceOp::sum: return "SUM";
+    case ReduceOp::avg: return "AVG";
+  }
+  return "?";
+}
+
+/// The reduce op a collective of `kind` carries (see ReduceOp).
+ReduceOp reduce_op_for(CommKind kind, Collective c) {
+  if (c == Collective::AllGather) return ReduceOp::none;
+  return kind == CommKind::DP ? ReduceOp::avg : ReduceOp::sum;
+}
+
 const char* to_string(Phase p) {
   switch (p) {
     case Phase::forward: return "forward";
@@ -126,6 +141,7 @@ class Builder {
     op.micro_batch = mb;
     op.kind = kind;
     op.collective = c;
+    op.reduce = reduce_op_for(kind, c);
     op.group = g;
     op.size_bytes = size;
     sp_.ops.push_back(op);
@@ -142,6 +158,7 @@ class Builder {
     op.micro_batch = mb;
     op.kind = kind;
     op.collective = c;
+    op.reduce = reduce_op_for(kind, c);
     op.group = g;
     op.size_bytes = size;
     op.handle = sp_.handles++;

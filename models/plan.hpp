@@ -36,6 +36,15 @@ const char* to_string(CommKind);
 enum class Collective { AllReduce, ReduceScatter, AllGather };
 const char* to_string(Collective);
 
+/// Reduce operation of a collective (MATH.md section 2): TP partial outputs and input
+/// grads are SUMmed, never divided by TP; CP dK/dV are SUMmed at their owners; DP
+/// gradients are AVeraGed (equal-size local means; with unequal valid tokens, a SUM of
+/// token sums divided by the global count, which the verifier checks). AllGather: none.
+enum class ReduceOp { none, sum, avg };
+const char* to_string(ReduceOp);
+/// SUM for TP/CP/PP reductions, AVG for DP gradients, none for AllGather.
+ReduceOp reduce_op_for(CommKind kind, Collective c);
+
 enum class Phase { forward, backward, recompute, optimizer };
 const char* to_string(Phase);
 
@@ -70,6 +79,7 @@ struct Op {
   // collective / issue / wait
   CommKind kind = CommKind::TP;
   Collective collective = Collective::AllReduce;
+  ReduceOp reduce = ReduceOp::none;
   GroupKind group = GroupKind::TP;
   /// nccl-tests "size": the full buffer in bytes (AllReduce: the tensor; ReduceScatter:
   /// the input, i.e. n x output; AllGather: the output, i.e. n x input). Send/recv: the

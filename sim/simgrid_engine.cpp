@@ -1,25 +1,15 @@
 // The SimGrid (S4U) engine: executes a StepPlan with a compute stream and communication
-// streams per rank, collectives as flows over NVLink and NIC links.
-//
-// Platform (non-blocking fabric): every GPU is a host with an NVLink up and down link
-// into its node's NVSwitch; every NIC has an up and down link into the fabric. A route
-// inside a node is [nvlink_up(src), nvlink_down(dst)]; between nodes
-// [nic_up(nic(src)), nic_down(nic(dst))]. Routes are computed from host indices by a
-// flat custom zone (../shared/design/SIMGRID.md: per-GPU NICs cannot be expressed with
-// zone gateways; nested zones are slow at 16K GPUs).
+// streams per rank; collectives and P2P as flows on the platform's NVLink and NIC links
+// (sim/platform.hpp, sim/collective_exec.hpp).
 //
 // Network model: CM02 without cross-traffic, TCP-gamma out of the way, bandwidth and
-// latency factors 1, so a flow of S bytes alone on a link of bandwidth B takes S/B.
-// Links carry a tiny uniform latency (1 ns) so that CM02's RTT-weighted sharing is fair
-// between flows; collective latency terms (steps x alpha) are added as sleeps
-// (SIMGRID.md, "Model flags").
+// latency factors 1, so a flow of S bytes alone on a link of bandwidth B takes S/B
+// (../shared/design/SIMGRID.md, "Model flags"). The flags are recorded in every result.
 //
-// Collectives: NCCL's ring algorithm as one bulk flow per ring edge carrying the edge
-// volume (2(n-1)/n S for AllReduce, (n-1)/n S for ReduceScatter/AllGather), then
-// steps x alpha of latency. Exact against the alpha-beta ring formula without contention
-// and within 0.25% of per-message simulation under contention (SIMGRID.md, "Speed").
-#include <simgrid/kernel/routing/NetPoint.hpp>
-#include <simgrid/kernel/routing/NetZoneImpl.hpp>
+// Each rank runs a compute actor (its plan's ops in order; consecutive kernels are one
+// sleep) and one communication-stream actor per kind it issues asynchronously (DP
+// buckets, ZeRO gathers, CP K/V, TP re-gathers), in NCCL's in-order stream semantics.
+// With folding, one representative rank per pipeline stage is simulated.
 #include <simgrid/s4u.hpp>
 #include <xbt/log.h>
 
@@ -45,7 +35,9 @@
 #include "models/rank_grid.hpp"
 #include "reports/json.hpp"
 #include "reports/json_read.hpp"
+#include "sim/collective_exec.hpp"
 #include "sim/engine.hpp"
+#include "sim/platform.hpp"
 
 namespace sg4 = simgrid::s4u;
 namespace sgk = simgrid::kernel;
@@ -53,32 +45,11 @@ namespace sgk = simgrid::kernel;
 namespace dtsim {
 namespace {
 
-constexpr double kLinkLatency = 1e-9;  // uniform, for fair CM02 sharing (see header)
-
-/// Flat zone: routes from host indices (GPU g is host g, NetPoint id g).
-class GpuZone : public sgk::routing::NetZoneImpl {
- public:
-  GpuZone(const std::string& name, int64_t gpus_per_node, int64_t gpus_per_nic)
-      : NetZoneImpl(name), gpn_(gpus_per_node), gpus_per_nic_(gpus_per_nic) {}
-  std::vector<sgk::resource::StandardLinkImpl*> nv_up, nv_down, nic_up, nic_down;
-
-  void get_local_route(const sgk::routing::NetPoint* src, const sgk::routing::NetPoint* dst,
-                       sgk::routing::Route* into, double* latency) override {
-    const auto s = static_cast<int64_t>(src->id()), d = static_cast<int64_t>(dst->id());
-    if (s == d) return;
-    if (s / gpn_ == d / gpn_) {
-      into->link_list_.push_back(nv_up[s]);
-      into->link_list_.push_back(nv_down[d]);
-    } else {
-      into->link_list_.push_back(nic_up[s / gpus_per_nic_]);
-      into->link_list_.push_back(nic_down[d / gpus_per_nic_]);
-    }
-    if (latency) *latency += 2 * kLinkLatency;
-  }
-
- private:
-  int64_t gpn_, gpus_per_nic_;
-};
+using simgrid_engine::build_platform;
+using simgrid_engine::execute_collective;
+using simgrid_engine::flow_bytes;
+using simgrid_engine::FoldPolicy;
+using simgrid_engine::Platform;
 
 struct Stats {
   double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0;
@@ -130,7 +101,6 @@ struct Instance {
 struct GroupState {
   std::vector<int64_t> members;        // ascending global ranks (ring order)
   std::vector<int64_t> present;        // members simulated by an actor
-  bool intra_node = true;
   std::unordered_map<int64_t, Instance> instances;  // seq -> in-progress instance
 };
 
@@ -138,8 +108,7 @@ class Simulation {
  public:
   Simulation(const StepPlan& plan, const EngineOptions& opts) : plan_(plan), grid_(plan.exp.layout), opts_(opts) {
     const auto& c = plan.exp.cluster;
-    gpn_ = c.gpus_per_node;
-    gpus_per_nic_ = std::max<int64_t>(1, c.gpus_per_node / std::max<int64_t>(1, c.nics_per_node));
+    (void)c;
     const auto& l = plan.exp.layout;
     stage_size_ = l.tp * l.cp * l.dp;
   }
@@ -147,11 +116,9 @@ class Simulation {
   StepResult run();
 
  private:
-  void build_platform(sg4::Engine& e);
   bool simulated(int64_t rank) const { return !opts_.fold || rank % stage_size_ == 0; }
   GroupState& group(GroupKind kind, int64_t rank, int64_t* gid);
   void run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake);
-  void execute_flows(const GroupState& g, const Op& op);
   int64_t next_seq(RankState& rs, GroupKind kind, int64_t rank);
   void compute_actor(RankState& rs);
   void stream_actor(RankState& rs, int kind);
@@ -161,54 +128,17 @@ class Simulation {
   void recv(RankState& rs, const Op& op);
   int64_t pp_peer(int64_t rank, Direction dir, bool sending) const;
   sg4::Mailbox* mailbox(int64_t rank, Direction dir) const;
-  double flow_bytes(int64_t src, int64_t dst, double bytes) const {
-    const bool inter = src / gpn_ != dst / gpn_;
-    return inter && opts_.fold ? bytes * static_cast<double>(gpus_per_nic_) : bytes;
-  }
 
   const StepPlan& plan_;
   RankGrid grid_;
   EngineOptions opts_;
-  int64_t gpn_ = 8, gpus_per_nic_ = 1, stage_size_ = 1;
-  std::vector<sg4::Host*> hosts_;
+  int64_t stage_size_ = 1;
+  Platform platform_;
+  FoldPolicy fold_;
   std::vector<std::unique_ptr<RankState>> ranks_;  // simulated ranks
   std::map<std::pair<int, int64_t>, GroupState> groups_;
   std::vector<std::unique_ptr<Message>> messages_;
 };
-
-void Simulation::build_platform(sg4::Engine& e) {
-  (void)e;
-  const auto& c = plan_.exp.cluster;
-  const int64_t gpus = c.gpus();
-  auto* zone = new GpuZone("cluster", gpn_, gpus_per_nic_);
-  zone->set_parent(nullptr);
-  const double nv_bw = c.nvlink.bandwidth * c.nvlink.efficiency;
-  const double nic_bw = c.nic.bandwidth * c.nic.efficiency;
-  // Host speed is unused (GPU kernels are timed by the cost model and run as sleeps).
-  for (int64_t g = 0; g < gpus; ++g) {
-    hosts_.push_back(zone->create_host("gpu" + std::to_string(g), {1e9}));
-    auto* up = zone->create_link("nvup" + std::to_string(g), {nv_bw});
-    up->set_latency(kLinkLatency);
-    up->seal();
-    auto* down = zone->create_link("nvdown" + std::to_string(g), {nv_bw});
-    down->set_latency(kLinkLatency);
-    down->seal();
-    zone->nv_up.push_back(up->get_impl());
-    zone->nv_down.push_back(down->get_impl());
-  }
-  const int64_t nics = (gpus + gpus_per_nic_ - 1) / gpus_per_nic_;
-  for (int64_t n = 0; n < nics; ++n) {
-    auto* up = zone->create_link("nicup" + std::to_string(n), {nic_bw});
-    up->set_latency(kLinkLatency);
-    up->seal();
-    auto* down = zone->create_link("nicdown" + std::to_string(n), {nic_bw});
-    down->set_latency(kLinkLatency);
-    down->seal();
-    zone->nic_up.push_back(up->get_impl());
-    zone->nic_down.push_back(down->get_impl());
-  }
-  zone->seal();
-}
 
 GroupState& Simulation::group(GroupKind kind, int64_t rank, int64_t* gid) {
   auto members = grid_.group_of(rank, kind);
@@ -221,7 +151,6 @@ GroupState& Simulation::group(GroupKind kind, int64_t rank, int64_t* gid) {
   g.members = std::move(members);
   for (int64_t m : g.members) {
     if (simulated(m)) g.present.push_back(m);
-    if (m / gpn_ != g.members.front() / gpn_) g.intra_node = false;
   }
   return groups_.emplace(key, std::move(g)).first->second;
 }
@@ -230,33 +159,6 @@ int64_t Simulation::next_seq(RankState& rs, GroupKind kind, int64_t rank) {
   int64_t gid = 0;
   group(kind, rank, &gid);
   return rs.group_seq[{static_cast<int>(kind), gid}]++;
-}
-
-void Simulation::execute_flows(const GroupState& g, const Op& op) {
-  const int64_t n = static_cast<int64_t>(g.members.size());
-  const RingCost rc = ring_cost(op.collective, n, op.size_bytes);
-  if (rc.edge_bytes > 0) {
-    std::vector<sg4::CommPtr> comms;
-    auto launch = [&](size_t i) {
-      const int64_t src = g.members[i], dst = g.members[(i + 1) % g.members.size()];
-      comms.push_back(sg4::Comm::sendto_async(hosts_[src], hosts_[dst],
-                                              static_cast<uint64_t>(flow_bytes(src, dst, rc.edge_bytes))));
-    };
-    if (!opts_.fold) {
-      // Unfolded: every member drives its own edge.
-      for (size_t i = 0; i < g.members.size(); ++i) launch(i);
-    } else if (g.intra_node) {
-      // Symmetric NVSwitch ring: every edge is alike; one stands for all.
-      launch(0);
-    } else {
-      // Mixed or inter-node ring: every edge of the representative's group.
-      for (size_t i = 0; i < g.members.size(); ++i) launch(i);
-    }
-    sg4::Comm::wait_all(comms);
-  }
-  const auto& c = plan_.exp.cluster;
-  const double alpha = g.intra_node ? c.nvlink.latency : std::max(c.nvlink.latency, c.nic.latency);
-  if (rc.steps > 0) sg4::this_actor::sleep_for(static_cast<double>(rc.steps) * alpha);
 }
 
 void Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake) {
@@ -271,7 +173,7 @@ void Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const 
   }
   std::vector<sg4::SemaphorePtr> waiters = std::move(inst.waiters);
   g.instances.erase(seq);
-  execute_flows(g, op);
+  execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes);
   for (auto& w : waiters) w->release();
 }
 
@@ -335,7 +237,7 @@ void Simulation::send(RankState& rs, const Op& op) {
   Message* msg = messages_.back().get();
   msg->posted_at = sg4::Engine::get_clock();
   auto* mb = mailbox(dst, op.dir);
-  mb->put_init(msg, static_cast<uint64_t>(flow_bytes(rs.rank, dst, op.size_bytes)))->detach();
+  mb->put_init(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes)))->detach();
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
   cs.bytes += op.size_bytes;
   cs.operations++;
@@ -349,8 +251,7 @@ void Simulation::recv(RankState& rs, const Op& op) {
   // waited for the bytes it also waits alpha; when they were already there, it waits
   // only for what is left of alpha since the send was posted.
   const int64_t src = pp_peer(rs.rank, op.dir, false);
-  const auto& cl = plan_.exp.cluster;
-  const double alpha = src / gpn_ == rs.rank / gpn_ ? cl.nvlink.latency : std::max(cl.nvlink.latency, cl.nic.latency);
+  const double alpha = platform_.alpha(platform_.same_node(src, rs.rank));
   const double arrived = sg4::Engine::get_clock();
   const double extra = arrived > t0 ? alpha : std::max(0.0, msg->posted_at + alpha - t0);
   if (extra > 0) sg4::this_actor::sleep_for(extra);
@@ -437,7 +338,8 @@ StepResult Simulation::run() {
     res.engine_config[k] = v;
   }
   res.engine_config["link_latency_s"] = "1e-09";
-  build_platform(engine);
+  platform_ = build_platform(plan_.exp.cluster);
+  fold_.fold = opts_.fold;
 
   const auto& l = plan_.exp.layout;
   const int64_t world = grid_.world();
@@ -447,7 +349,7 @@ StepResult Simulation::run() {
     rs->rank = r;
     rs->stage = grid_.coord_of(r).pp;
     rs->plan = &plan_.stages[static_cast<size_t>(rs->stage)];
-    rs->host = hosts_[static_cast<size_t>(r)];
+    rs->host = platform_.hosts[static_cast<size_t>(r)];
     rs->done.assign(static_cast<size_t>(rs->plan->handles), 0);
     rs->issued_at.assign(static_cast<size_t>(rs->plan->handles), 0.0);
     ranks_.push_back(std::move(rs));

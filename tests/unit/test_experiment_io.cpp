@@ -349,7 +349,7 @@ TEST(ExperimentIo, SeveralParseProblemsReportedTogether) {
 TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
   const auto ps = problems(with_line("  tp: 4", "  bogus_knob: 1"), {"layout.tp=3", "cluster.gpu=X100"});
   auto has = [&](const std::string& s) { return std::find(ps.begin(), ps.end(), s) != ps.end(); };
-  EXPECT_TRUE(has("exp.yaml: unknown key layout.bogus_knob (valid keys under layout: dp, tp, cp, pp, zero_stage, "
+  EXPECT_TRUE(has("exp.yaml: unknown key layout.bogus_knob (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
                   "sequence_parallel, recompute)"))
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
@@ -499,16 +499,17 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
 
 TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
   {
-    const auto ps = problems(with_line("  tp: 4", "  vp: 2"));
+    const auto ps = problems(with_line("  tp: 4", "  ep: 2"));
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
-    EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.vp (valid keys under layout: dp, tp, cp, pp, zero_stage, "
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.ep (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
                      "sequence_parallel, recompute)");
   }
   {
     const auto ps = problems(with_line("  micro_batch: 2", "  lr: 0.1"));
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
-                     "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework)");
+                     "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
+                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
@@ -616,7 +617,7 @@ TEST(ExperimentIoSet, UnknownPathIsNamed) {
   const auto ps = problems(kBase, {"layout.foo=1"});
   ASSERT_EQ(ps.size(), 1u) << dump(ps);
   EXPECT_EQ(ps[0], "exp.yaml: --set layout.foo=1: unknown key layout.foo (valid keys under layout: dp, tp, cp, pp, "
-                   "zero_stage, sequence_parallel, recompute)");
+                   "vp, schedule, zero_stage, sequence_parallel, recompute)");
   const auto ps2 = problems(kBase, {"layout.tp.x=1"});
   ASSERT_EQ(ps2.size(), 1u) << dump(ps2);
   EXPECT_EQ(ps2[0], "exp.yaml: --set layout.tp.x=1: unknown key layout.tp.x (layout.tp is a single value, not a map)");
