@@ -23,6 +23,20 @@
 
 namespace dtsim {
 
+/// Thread blocks an NCCL collective kernel occupies (one per channel): 24 observed for an
+/// AllGather on H100 in Nsight Systems (NVIDIA developer forum, "Compute-Communication
+/// Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", 2025).
+/// While a collective overlaps compute, compute runs at (1 - kNcclBlocks / sm_count) of
+/// its speed (the SMs NCCL holds are lost to it; wave-quantisation tails, which that
+/// thread shows can be worse, are not modelled).
+inline constexpr double kNcclBlocks = 24;
+
+/// Compute speed factor while communication overlaps (1 when off or no SM count).
+inline double comm_overlap_speed(const GpuSpec& gpu, bool interference) {
+  if (!interference || gpu.sm_count <= 0) return 1.0;
+  return 1.0 - kNcclBlocks / static_cast<double>(gpu.sm_count);
+}
+
 /// Work factor of FlashAttention's causal skipping (see above).
 inline constexpr double kFlashCausalWork = 0.5;
 /// FlashAttention backward work relative to forward (see above).

@@ -51,6 +51,9 @@ struct GpuSpec {
   double memory_efficiency = 0;
   /// Fixed cost per GPU kernel launch, seconds.
   double kernel_overhead = 0;
+  /// Streaming multiprocessors (datasheet); NCCL kernels occupy some of them while
+  /// communication overlaps compute (models/compute_cost.hpp kNcclBlocks).
+  int64_t sm_count = 0;
 };
 
 /// A point-to-point link class: per-direction bandwidth per GPU (or NIC) and latency.
@@ -111,6 +114,10 @@ struct Training {
   /// Reduce gradients on every micro-batch (DeepSpeed ZeRO-2/3 behaviour) instead of on
   /// the last one only (Megatron DDP / distributed optimizer).
   bool reduce_every_micro_batch = false;
+  /// Communication kernels running beside compute take SMs from it: while a collective
+  /// overlaps compute on a rank, its kernels run at (1 - kNcclBlocks / sm_count) speed
+  /// (models/compute_cost.hpp). Off: overlap is free.
+  bool comm_interference = true;
   /// Gradient accumulation steps: global_batch / (micro_batch * dp).
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };

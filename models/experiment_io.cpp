@@ -21,7 +21,7 @@
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
 //          overlap_param_gather (false), tp_comm_overlap (false),
-//          reduce_every_micro_batch (false)
+//          reduce_every_micro_batch (false), comm_interference (true)
 #include "models/experiment_io.hpp"
 
 #include <algorithm>
@@ -66,14 +66,14 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "hbm_reserve"}},
       {"cluster.gpu",
        {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
-        "memory_efficiency", "kernel_overhead"}},
+        "memory_efficiency", "kernel_overhead", "sm_count"}},
       {"cluster.nvlink", {"bandwidth", "latency", "efficiency"}},
       {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
       {"layout", {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute"}},
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
-        "reduce_every_micro_batch"}},
+        "reduce_every_micro_batch", "comm_interference"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
   };
   auto it = schema.find(map_path);
@@ -597,6 +597,7 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   set_if(g.gemm_efficiency, r.number("gemm_efficiency"));
   set_if(g.memory_efficiency, r.number("memory_efficiency"));
   set_if(g.kernel_overhead, r.quantity("kernel_overhead", Quantity::time));
+  set_if(g.sm_count, r.integer("sm_count"));  // optional: 0 disables comm_interference
   if (!preset) {
     for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
                           "kernel_overhead"})
@@ -689,11 +690,15 @@ Training read_training(Reader r) {
   set_if(t.flash_attention, r.boolean("flash_attention"));
   set_if(t.overlap_grad_reduce, r.boolean("overlap_grad_reduce"));
   set_if(t.framework, r.choice("framework", kFrameworks));
-  set_if(t.main_grad, r.choice("main_grad", kGradDtypes));
+  // main_grad follows the framework unless given: Megatron accumulates and reduces fp32
+  // main grads; DeepSpeed and the ZeRO paper keep 16-bit gradients (ZeRO Sec 3.1).
+  if (auto g = r.choice("main_grad", kGradDtypes)) t.main_grad = *g;
+  else t.main_grad = t.framework == Framework::megatron ? GradDtype::fp32 : GradDtype::bf16;
   set_if(t.grad_bucket_bytes, r.quantity("grad_bucket", Quantity::bytes));
   set_if(t.overlap_param_gather, r.boolean("overlap_param_gather"));
   set_if(t.tp_comm_overlap, r.boolean("tp_comm_overlap"));
   set_if(t.reduce_every_micro_batch, r.boolean("reduce_every_micro_batch"));
+  set_if(t.comm_interference, r.boolean("comm_interference"));
   return t;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
@@ -177,8 +178,10 @@ class Builder {
     op.phase = ph;
     sp_.ops.push_back(op);
   }
-  void p2p(OpType type, Direction dir, int mb) {
+  void p2p(OpType type, Direction dir, int mb, int chunk, int peer_stage) {
     Op op;
+    op.chunk = chunk;
+    op.peer_stage = peer_stage;
     op.type = type;
     op.name = type == OpType::send ? (dir == Direction::forward ? "send_activation" : "send_grad")
                                    : (dir == Direction::forward ? "recv_activation" : "recv_grad");
@@ -423,7 +426,7 @@ class Builder {
     return l_.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
   }
   /// Called after the weight gradients of `params` elements are complete.
-  void grads_ready(double params, int layer, int mb, bool last_micro_batch) {
+  void grads_ready(double params, int layer, int mb, bool sync) {
     if (!dp_active()) return;
     if (l_.zero_stage == 3) {
       // ZeRO-3: gradients are sharded, so each micro-batch reduce-scatters its layer's
@@ -432,7 +435,7 @@ class Builder {
                                   Collective::ReduceScatter, GroupKind::DPxCP, params * shape_.grad_bytes_per_param));
       return;
     }
-    if (!last_micro_batch) return;
+    if (!sync) return;
     if (!e_.training.overlap_grad_reduce) {
       pending_params_ += params;
       return;
@@ -454,46 +457,89 @@ class Builder {
                  layer_params_rank_ * kAct);
   }
 
-  // ---- whole stage ----
-  void stage_forward(int mb) {
-    const bool first = sp_.stage == 0, last = sp_.stage == l_.pp - 1;
-    if (!first) p2p(OpType::recv, Direction::forward, mb);
-    if (first) embedding_forward(mb);
-    int next = zero3_gather(static_cast<int>(sp_.first_layer), mb, Phase::forward);
-    for (int64_t i = 0; i < sp_.layers; ++i) {
-      const int layer = static_cast<int>(sp_.first_layer + i);
+  // ---- one model chunk (virtual stage) of this pipeline rank ----
+  // Rank r holds chunks c = 0..v-1, chunk c being virtual stage c*p + r (Megatron-LM
+  // interleaved schedule, Narayanan 2021 Sec 2.2.2); without interleaving v = 1.
+  struct Chunk {
+    int index = 0;
+    int64_t first_layer = 0, layers = 0;
+    bool first = false, last = false;  // first / last virtual stage of the model
+  };
+  Chunk chunk(int c) const {
+    const int64_t p = l_.pp, v = l_.vp;
+    const int64_t vs = c * p + sp_.stage;
+    Chunk ch;
+    ch.index = c;
+    ch.layers = m_.layers / (p * v);
+    ch.first_layer = vs * ch.layers;
+    ch.first = vs == 0;
+    ch.last = vs == p * v - 1;
+    return ch;
+  }
+  int prev_rank() const { return static_cast<int>((sp_.stage + l_.pp - 1) % l_.pp); }
+  int next_rank() const { return static_cast<int>((sp_.stage + 1) % l_.pp); }
+  /// Gradients are reduced on the last micro-batch (Megatron DDP and distributed
+  /// optimizer) or on every micro-batch (DeepSpeed ZeRO-2/3; reduce_every_micro_batch).
+  bool reduce_now(int mb) const {
+    return e_.training.reduce_every_micro_batch || mb == shape_.micro_batches - 1;
+  }
+
+  void chunk_forward(int c, int mb) {
+    const Chunk ch = chunk(c);
+    if (!ch.first) p2p(OpType::recv, Direction::forward, mb, c, prev_rank());
+    if (ch.first) embedding_forward(mb);
+    int next = ch.layers > 0 ? first_use_gather(static_cast<int>(ch.first_layer), mb, Phase::forward) : -1;
+    for (int64_t i = 0; i < ch.layers; ++i) {
+      const int layer = static_cast<int>(ch.first_layer + i);
       const int cur = next;
-      next = (i + 1 < sp_.layers) ? zero3_gather(layer + 1, mb, Phase::forward) : -1;  // prefetch
+      next = (i + 1 < ch.layers) ? first_use_gather(layer + 1, mb, Phase::forward) : -1;  // prefetch
       wait(cur, CommKind::DP, layer, mb, Phase::forward);
       layer_forward(layer, mb, Phase::forward);
     }
-    if (last) head_forward(mb);
-    if (!last) p2p(OpType::send, Direction::forward, mb);
+    if (ch.last) head_forward(mb);
+    if (!ch.last) p2p(OpType::send, Direction::forward, mb, c, next_rank());
   }
 
-  void stage_backward(int mb, bool last_mb) {
-    const bool first = sp_.stage == 0, last = sp_.stage == l_.pp - 1;
-    if (!last) p2p(OpType::recv, Direction::backward, mb);
-    if (last) {
+  void chunk_backward(int c, int mb) {
+    const Chunk ch = chunk(c);
+    const bool sync = reduce_now(mb);
+    if (!ch.last) p2p(OpType::recv, Direction::backward, mb, c, next_rank());
+    if (ch.last) {
       head_backward(mb);
-      grads_ready(head_params_rank(), -1, mb, last_mb);
+      grads_ready(head_params_rank(), -1, mb, sync);
     }
-    int next = sp_.layers > 0 ? zero3_gather(static_cast<int>(sp_.first_layer + sp_.layers - 1), mb, Phase::backward) : -1;
-    for (int64_t i = sp_.layers - 1; i >= 0; --i) {
-      const int layer = static_cast<int>(sp_.first_layer + i);
+    int next = ch.layers > 0 ? zero3_gather(static_cast<int>(ch.first_layer + ch.layers - 1), mb, Phase::backward) : -1;
+    for (int64_t i = ch.layers - 1; i >= 0; --i) {
+      const int layer = static_cast<int>(ch.first_layer + i);
       const int cur = next;
       next = i > 0 ? zero3_gather(layer - 1, mb, Phase::backward) : -1;
       wait(cur, CommKind::DP, layer, mb, Phase::backward);
       if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
       if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
       layer_backward(layer, mb);
-      grads_ready(layer_params_rank_, layer, mb, last_mb);
+      grads_ready(layer_params_rank_, layer, mb, sync);
     }
-    if (first) {
+    if (ch.first) {
       embedding_backward(mb);
-      grads_ready(embedding_params_rank(), -1, mb, last_mb);
+      grads_ready(embedding_params_rank(), -1, mb, sync);
     }
-    if (!first) p2p(OpType::send, Direction::backward, mb);
+    if (!ch.first) p2p(OpType::send, Direction::backward, mb, c, prev_rank());
+  }
+
+  /// Parameter gathers needed before a layer's forward: ZeRO-3 every micro-batch; with
+  /// the distributed optimizer (ZeRO-1/2) and overlap_param_gather, the previous step's
+  /// parameter AllGather is issued at the start of this step and each layer waits for
+  /// its bucket before its first forward (Megatron --overlap-param-gather), which is the
+  /// steady state of "overlapped with the next forward".
+  int first_use_gather(int layer, int mb, Phase ph) {
+    if (l_.zero_stage == 3) return zero3_gather(layer, mb, ph);
+    if (!param_gather_overlapped() || gathered_.count(layer)) return -1;
+    gathered_.insert(layer);
+    return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
+                 layer_params_rank_ * kAct);
+  }
+  bool param_gather_overlapped() const {
+    return dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && e_.training.overlap_param_gather;
   }
 
   /// Parameters of the last stage's head on one rank: the final norm (replicated over
@@ -514,19 +560,52 @@ class Builder {
     return rest;
   }
 
-  void schedule_1f1b() {
-    // 1F1B (PipeDream-Flush; Narayanan 2021 Sec 2.2.1): stage r runs min(p - r - 1, m)
-    // warm-up forwards, then alternates one forward and one backward, then drains.
-    const int64_t m = shape_.micro_batches;
-    const int64_t warmup = std::min<int64_t>(l_.pp - sp_.stage - 1, m);
-    int64_t f = 0, bwd = 0;
-    for (; f < warmup; ++f) stage_forward(static_cast<int>(f));
-    for (; f < m; ++f) {
-      stage_forward(static_cast<int>(f));
-      stage_backward(static_cast<int>(bwd), bwd == m - 1);
-      ++bwd;
+  /// Emits the compute-stream order of one step for this pipeline rank.
+  void schedule() {
+    const int64_t m = shape_.micro_batches, p = l_.pp, r = sp_.stage;
+    switch (l_.schedule) {
+      case Schedule::gpipe:
+        // GPipe (Huang 2019): every forward, then every backward.
+        for (int64_t i = 0; i < m; ++i) chunk_forward(0, static_cast<int>(i));
+        for (int64_t i = 0; i < m; ++i) chunk_backward(0, static_cast<int>(i));
+        return;
+      case Schedule::one_f_one_b: {
+        // 1F1B (PipeDream-Flush; Narayanan 2021 Sec 2.2.1): stage r runs min(p - r - 1, m)
+        // warm-up forwards, then alternates one forward and one backward, then drains.
+        const int64_t warmup = std::min<int64_t>(p - r - 1, m);
+        int64_t f = 0, bwd = 0;
+        for (; f < warmup; ++f) chunk_forward(0, static_cast<int>(f));
+        for (; f < m; ++f) {
+          chunk_forward(0, static_cast<int>(f));
+          chunk_backward(0, static_cast<int>(bwd++));
+        }
+        for (; bwd < m; ++bwd) chunk_backward(0, static_cast<int>(bwd));
+        return;
+      }
+      case Schedule::interleaved: {
+        // Interleaved 1F1B with v model chunks per rank (Narayanan 2021 Sec 2.2.2), with
+        // Megatron-LM's counts (schedules.py forward_backward_pipelining_with_interleaving):
+        // warm-up = (p - r - 1) * 2 + (v - 1) * p virtual micro-batches, capped at m v;
+        // virtual micro-batch k runs chunk (k / p) % v (reversed in backward) of
+        // micro-batch (k / (p v)) p + k % p.
+        const int64_t v = l_.vp, total = m * v;
+        const int64_t warmup = std::min<int64_t>((p - r - 1) * 2 + (v - 1) * p, total);
+        auto fwd = [&](int64_t k) {
+          chunk_forward(static_cast<int>((k / p) % v), static_cast<int>((k / (p * v)) * p + k % p));
+        };
+        auto bwd = [&](int64_t k) {
+          chunk_backward(static_cast<int>(v - 1 - (k / p) % v), static_cast<int>((k / (p * v)) * p + k % p));
+        };
+        int64_t f = 0, b = 0;
+        for (; f < warmup; ++f) fwd(f);
+        for (; f < total; ++f) {
+          fwd(f);
+          bwd(b++);
+        }
+        for (; b < total; ++b) bwd(b);
+        return;
+      }
     }
-    for (; bwd < m; ++bwd) stage_backward(static_cast<int>(bwd), bwd == m - 1);
   }
 
   void finish_step() {
@@ -546,7 +625,7 @@ class Builder {
     const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
-    if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2))
+    if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && !param_gather_overlapped())
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, sp_.params_per_rank * kAct);
   }
@@ -566,6 +645,7 @@ class Builder {
   double attn_fwd_work_ = 1, attn_bwd_work_ = 1;
   double pending_params_ = 0;
   std::vector<int> dp_handles_;
+  std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
 };
 
 }  // namespace
@@ -577,12 +657,14 @@ StepPlan build_step_plan(const Experiment& exp) {
   const Layout& l = exp.layout;
   plan.shape.micro_batches = exp.training.accumulation(l);
   plan.shape.tokens_local = exp.training.seq_len / l.cp;
-  // Megatron reduces fp32 main gradients (bf16 training forces
-  // accumulate_allreduce_grads_in_fp32, Megatron-LM arguments.py); DeepSpeed and the
-  // ZeRO paper reduce fp16/bf16 gradients (ZeRO Sec 3.1, 2 bytes).
-  plan.shape.grad_bytes_per_param = exp.training.framework == Framework::megatron ? 4 : 2;
+  // Gradients are reduced in the main-grad dtype: fp32 as Megatron (bf16 training forces
+  // accumulate_allreduce_grads_in_fp32, Megatron-LM arguments.py), bf16 as DeepSpeed /
+  // the ZeRO paper (2 bytes, ZeRO Sec 3.1).
+  plan.shape.grad_bytes_per_param = exp.training.main_grad == GradDtype::fp32 ? 4 : 2;
   plan.shape.ddp_bucket_params =
-      std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
+      exp.training.grad_bucket_bytes > 0
+          ? exp.training.grad_bucket_bytes / static_cast<double>(plan.shape.grad_bytes_per_param)
+          : std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
   const int64_t per_stage = exp.model.layers / l.pp;
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan sp;
@@ -592,7 +674,7 @@ StepPlan build_step_plan(const Experiment& exp) {
     sp.params_per_rank = stage_parameters_per_rank(exp.model, l, exp.training.seq_len, s);
     sp.grad_sync_bytes = sp.params_per_rank * static_cast<double>(plan.shape.grad_bytes_per_param);
     Builder b(exp, sp, plan.shape);
-    b.schedule_1f1b();
+    b.schedule();
     b.finish_step();
     plan.stages.push_back(std::move(sp));
   }

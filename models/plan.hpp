@@ -88,6 +88,8 @@ struct Op {
   int32_t handle = -1;    // issue/wait pairing, unique within a stage
 
   Direction dir = Direction::forward;  // send/recv
+  int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end
+  int32_t chunk = 0;        // model chunk (virtual stage index on this rank; 0 without VP)
 };
 
 struct StagePlan {

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/memory.hpp"
 #include "models/flops.hpp"
@@ -50,6 +51,12 @@ using simgrid_engine::execute_collective;
 using simgrid_engine::flow_bytes;
 using simgrid_engine::FoldPolicy;
 using simgrid_engine::Platform;
+
+std::string fmt_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
 
 struct Stats {
   double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0;
@@ -82,6 +89,9 @@ struct RankState {
   int waiting_handle = -1;
   sg4::ActorPtr compute_actor;
   sg4::SemaphorePtr handle_done;  // released when the awaited handle completes
+  sg4::SemaphorePtr rate_change;  // released when a comm stream starts/stops while computing
+  bool computing = false;         // the compute actor is inside a kernel run
+  int active_streams = 0;         // comm streams running a collective now
   sg4::SemaphorePtr collective;   // released when a collective it waits in completes
   std::array<Stream, kCommKinds> streams;
   std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
@@ -90,7 +100,8 @@ struct RankState {
 
 struct Message {
   double posted_at = 0;
-  double transfer_s = 0;
+  int32_t micro_batch = -1;
+  int32_t chunk = 0;
 };
 
 struct Instance {
@@ -123,10 +134,14 @@ class Simulation {
   void compute_actor(RankState& rs);
   void stream_actor(RankState& rs, int kind);
   void issue(RankState& rs, const Op& op);
+  void set_active(RankState& rs, int delta);
+  void run_kernels(RankState& rs, double seconds);
   void wait_handle(RankState& rs, const Op& op);
   void send(RankState& rs, const Op& op);
   void recv(RankState& rs, const Op& op);
-  int64_t pp_peer(int64_t rank, Direction dir, bool sending) const;
+  int64_t pp_peer(const RankState& rs, const Op& op) const {
+    return rs.rank + (static_cast<int64_t>(op.peer_stage) - rs.stage) * stage_size_;
+  }
   sg4::Mailbox* mailbox(int64_t rank, Direction dir) const;
 
   const StepPlan& plan_;
@@ -135,6 +150,7 @@ class Simulation {
   int64_t stage_size_ = 1;
   Platform platform_;
   FoldPolicy fold_;
+  double overlap_speed_ = 1.0;  // compute speed while a collective overlaps
   std::vector<std::unique_ptr<RankState>> ranks_;  // simulated ranks
   std::map<std::pair<int, int64_t>, GroupState> groups_;
   std::vector<std::unique_ptr<Message>> messages_;
@@ -199,7 +215,9 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     QueuedOp q = st.queue.front();
     st.queue.pop_front();
     const double t0 = sg4::Engine::get_clock();
+    set_active(rs, +1);
     run_collective(rs, *q.op, q.seq, st.collective);
+    set_active(rs, -1);
     auto& cs = rs.stats.comm[kind];
     cs.total_s += sg4::Engine::get_clock() - t0;
     cs.bytes += ring_cost(q.op->collective, static_cast<int64_t>(grid_.group_of(rs.rank, q.op->group).size()),
@@ -213,6 +231,27 @@ void Simulation::stream_actor(RankState& rs, int kind) {
   }
 }
 
+void Simulation::set_active(RankState& rs, int delta) {
+  rs.active_streams += delta;
+  if (rs.computing) rs.rate_change->release();
+}
+
+void Simulation::run_kernels(RankState& rs, double seconds) {
+  // Kernels slow down while a collective of this rank overlaps them (SMs taken by NCCL,
+  // models/compute_cost.hpp): the remaining work is re-timed whenever a stream starts or
+  // stops.
+  double work = seconds;
+  while (work > 1e-15) {
+    const double speed = rs.active_streams > 0 ? overlap_speed_ : 1.0;
+    const double start = sg4::Engine::get_clock();
+    rs.computing = true;
+    const bool finished = rs.rate_change->acquire_timeout(work / speed);
+    rs.computing = false;
+    if (finished) break;
+    work -= (sg4::Engine::get_clock() - start) * speed;
+  }
+}
+
 void Simulation::wait_handle(RankState& rs, const Op& op) {
   if (rs.done[op.handle]) return;
   const double t0 = sg4::Engine::get_clock();
@@ -221,21 +260,17 @@ void Simulation::wait_handle(RankState& rs, const Op& op) {
   rs.stats.comm[static_cast<int>(op.kind)].exposed_s += sg4::Engine::get_clock() - t0;
 }
 
-int64_t Simulation::pp_peer(int64_t rank, Direction dir, bool sending) const {
-  // Forward activations go to the next stage; gradients to the previous one.
-  const bool to_next = (dir == Direction::forward) == sending;
-  return to_next ? rank + stage_size_ : rank - stage_size_;
-}
-
 sg4::Mailbox* Simulation::mailbox(int64_t rank, Direction dir) const {
   return sg4::Mailbox::by_name((dir == Direction::forward ? "f" : "b") + std::to_string(rank));
 }
 
 void Simulation::send(RankState& rs, const Op& op) {
-  const int64_t dst = pp_peer(rs.rank, op.dir, true);
+  const int64_t dst = pp_peer(rs, op);
   messages_.push_back(std::make_unique<Message>());
   Message* msg = messages_.back().get();
   msg->posted_at = sg4::Engine::get_clock();
+  msg->micro_batch = op.micro_batch;
+  msg->chunk = op.chunk;
   auto* mb = mailbox(dst, op.dir);
   mb->put_init(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes)))->detach();
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
@@ -250,7 +285,13 @@ void Simulation::recv(RankState& rs, const Op& op) {
   // P2P latency (alpha) on top of the bandwidth term carried by the flow: when the rank
   // waited for the bytes it also waits alpha; when they were already there, it waits
   // only for what is left of alpha since the send was posted.
-  const int64_t src = pp_peer(rs.rank, op.dir, false);
+  // Senders and receivers walk the same (chunk, micro-batch) order, so a mailbox per
+  // (receiver, direction) delivers in order; anything else is an engine bug.
+  const int expected_chunk = op.dir == Direction::forward ? op.chunk - (rs.stage == 0 ? 1 : 0)
+                                                          : op.chunk + (rs.stage == plan_.exp.layout.pp - 1 ? 1 : 0);
+  if (msg->micro_batch != op.micro_batch || msg->chunk != expected_chunk)
+    throw std::logic_error("pipeline message out of order at rank " + std::to_string(rs.rank));
+  const int64_t src = pp_peer(rs, op);
   const double alpha = platform_.alpha(platform_.same_node(src, rs.rank));
   const double arrived = sg4::Engine::get_clock();
   const double extra = arrived > t0 ? alpha : std::max(0.0, msg->posted_at + alpha - t0);
@@ -270,7 +311,10 @@ void Simulation::compute_actor(RankState& rs) {
   const auto& ops = rs.plan->ops;
   double pending = 0;  // consecutive compute time folded into one sleep
   auto flush = [&] {
-    if (pending > 0) sg4::this_actor::sleep_for(pending);
+    if (pending > 0) {
+      if (overlap_speed_ < 1.0) run_kernels(rs, pending);
+      else sg4::this_actor::sleep_for(pending);
+    }
     pending = 0;
   };
   for (const Op& op : ops) {
@@ -340,6 +384,8 @@ StepResult Simulation::run() {
   res.engine_config["link_latency_s"] = "1e-09";
   platform_ = build_platform(plan_.exp.cluster);
   fold_.fold = opts_.fold;
+  overlap_speed_ = comm_overlap_speed(plan_.exp.cluster.gpu, plan_.exp.training.comm_interference);
+  res.engine_config["comm_overlap_compute_speed"] = fmt_number(overlap_speed_);
 
   const auto& l = plan_.exp.layout;
   const int64_t world = grid_.world();
@@ -357,6 +403,7 @@ StepResult Simulation::run() {
   for (auto& rsp : ranks_) {
     RankState& rs = *rsp;
     rs.handle_done = sg4::Semaphore::create(0);
+    rs.rate_change = sg4::Semaphore::create(0);
     rs.collective = sg4::Semaphore::create(0);
     // Eager P2P: the receiver's mailboxes accept data as soon as it is sent.
     rs.compute_actor = sg4::Actor::create("rank" + std::to_string(rs.rank), rs.host, [this, &rs] { compute_actor(rs); });

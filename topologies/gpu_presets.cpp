@@ -66,6 +66,7 @@ const std::vector<Entry>& registry() {
       // (2 reads, 1 write) resembles the element-wise/optimizer kernels this factor models.
       g.memory_efficiency = 0.846;
       g.kernel_overhead = kLaunchOverhead;
+      g.sm_count = 108;  // NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), Table 1: 108 SMs on A100 SXM4
       v.push_back({g});
     }
 
@@ -89,6 +90,7 @@ const std::vector<Entry>& registry() {
       // 96 GB HBM3 is rated 4.0 TB/s, i.e. 0.83 (UoB-HPC/BabelStream#194).
       g.memory_efficiency = 0.867;
       g.kernel_overhead = kLaunchOverhead;
+      g.sm_count = 132;  // NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 2: 132 SMs on H100 SXM5
       v.push_back({g});
     }
 
@@ -113,6 +115,7 @@ const std::vector<Entry>& registry() {
       // same-generation measured H100 SXM (0.867).
       g.memory_efficiency = 0.867;
       g.kernel_overhead = kLaunchOverhead;
+      g.sm_count = 132;  // same GH100 die as H100 SXM5 (NVIDIA H200 product brief: H200 is built on Hopper): 132 SMs
       v.push_back({g});
     }
 
@@ -139,6 +142,7 @@ const std::vector<Entry>& registry() {
       // benchmark table).
       g.memory_efficiency = 0.840;
       g.kernel_overhead = kLaunchOverhead;  // measured on GB200 (same generation)
+      g.sm_count = 148;  // 148 SMs as reported for B200 (two reticle dies; NVIDIA Blackwell architecture technical brief does not tabulate SMs; secondary sources, partially verified)
       v.push_back({g});
     }
     return v;

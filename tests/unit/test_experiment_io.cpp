@@ -493,7 +493,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.gpu.tdp (valid keys under cluster.gpu: preset, name, peak_bf16, "
-              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead)");
+              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count)");
   }
 }
 
@@ -509,7 +509,7 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
                      "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
-                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch)");
+                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
