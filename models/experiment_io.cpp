@@ -882,6 +882,12 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     p.add("layout.schedule=interleaved needs layout.vp >= 2 (got vp=" + s(l.vp) + ")");
   if (ok({"layout.schedule", "layout.vp"}) && l.schedule != Schedule::interleaved && l.vp > 1)
     p.add("layout.vp=" + s(l.vp) + " needs layout.schedule=interleaved (got " + to_string(l.schedule) + ")");
+  if (ok({"layout.schedule", "layout.pp", "layout.dp", "training.global_batch", "training.micro_batch"}) &&
+      l.schedule == Schedule::interleaved && l.pp > 1 && t.micro_batch > 0 && l.dp > 0 &&
+      t.global_batch % (t.micro_batch * l.dp) == 0 && (t.global_batch / (t.micro_batch * l.dp)) % l.pp != 0)
+    p.add("layout.schedule=interleaved needs the micro-batches per step (training.global_batch / "
+          "(micro_batch*dp) = " + s(t.global_batch / (t.micro_batch * l.dp)) + ") to be a multiple of layout.pp=" +
+          s(l.pp) + " (Megatron-LM interleaved schedule requirement)");
   if (ok({"layout.schedule", "layout.pp"}) && l.schedule == Schedule::interleaved && l.pp < 2)
     p.add("layout.schedule=interleaved needs layout.pp >= 2 (got pp=" + s(l.pp) + ")");
   if (ok({"training.grad_bucket"}) && t.grad_bucket_bytes < 0)

@@ -125,6 +125,7 @@ class Builder {
     op.bytes = bytes;
     op.kernels = kernels;
     op.time_s = compute_time(op, e_.cluster.gpu, e_.training.dtype, attention_work);
+    op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
   }
   void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k) {
@@ -145,6 +146,7 @@ class Builder {
     op.reduce = reduce_op_for(kind, c);
     op.group = g;
     op.size_bytes = size;
+    op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
   }
   /// Returns the handle, or -1 when the group has one rank (nothing to wait for).
@@ -163,6 +165,7 @@ class Builder {
     op.group = g;
     op.size_bytes = size;
     op.handle = sp_.handles++;
+    op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
     return op.handle;
   }
@@ -176,6 +179,7 @@ class Builder {
     op.layer = layer;
     op.micro_batch = mb;
     op.phase = ph;
+    op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
   }
   void p2p(OpType type, Direction dir, int mb, int chunk, int peer_stage) {
@@ -193,6 +197,7 @@ class Builder {
     // Megatron scatter/gather optimisation (Narayanan 2021 Sec 4.1): each TP rank sends
     // 1/t of the activation; with sequence parallel the tensor is already 1/t.
     op.size_bytes = kAct * b_ * s_ * h_ / t_;
+    op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
     if (type == OpType::recv && !sp_on_ && l_.tp > 1)
       collective("pp_tp_allgather", op.phase, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
@@ -486,6 +491,7 @@ class Builder {
 
   void chunk_forward(int c, int mb) {
     const Chunk ch = chunk(c);
+    cur_chunk_ = c;
     if (!ch.first) p2p(OpType::recv, Direction::forward, mb, c, prev_rank());
     if (ch.first) embedding_forward(mb);
     int next = ch.layers > 0 ? first_use_gather(static_cast<int>(ch.first_layer), mb, Phase::forward) : -1;
@@ -502,6 +508,7 @@ class Builder {
 
   void chunk_backward(int c, int mb) {
     const Chunk ch = chunk(c);
+    cur_chunk_ = c;
     const bool sync = reduce_now(mb);
     if (!ch.last) p2p(OpType::recv, Direction::backward, mb, c, next_rank());
     if (ch.last) {
@@ -609,6 +616,7 @@ class Builder {
   }
 
   void finish_step() {
+    cur_chunk_ = 0;
     const int last_layer = -1;
     const int mb = static_cast<int>(shape_.micro_batches - 1);
     if (dp_active() && l_.zero_stage != 3) {
@@ -646,6 +654,7 @@ class Builder {
   double pending_params_ = 0;
   std::vector<int> dp_handles_;
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
+  int cur_chunk_ = 0;       // model chunk being emitted
 };
 
 }  // namespace

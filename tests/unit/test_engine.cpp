@@ -28,15 +28,20 @@ const std::string kTrain =
     "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, overlap_grad_reduce: true, "
     "framework: megatron}";
 
-void expect_same(const StepResult& a, const StepResult& b) {
-  EXPECT_NEAR(a.step_time_s, b.step_time_s, 1e-9 * b.step_time_s);
+// Folding is exact (1e-9) when no rank's NVLink port carries pipeline traffic while its
+// TP/CP ring uses the same port; with interleaving, P2P and TP flows meet on a port and the
+// representative's single ring edge sees a slightly different share than the unfolded
+// ring's edges do (measured: step time 0.1%, per-kind comm totals 0.7%), so those cases
+// use a 1% tolerance.
+void expect_same(const StepResult& a, const StepResult& b, double rel = 1e-9) {
+  EXPECT_NEAR(a.step_time_s, b.step_time_s, rel * b.step_time_s);
   ASSERT_EQ(a.stages.size(), b.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s) {
-    EXPECT_NEAR(a.stages[s].finish_s, b.stages[s].finish_s, 1e-9 * b.step_time_s) << "stage " << s;
-    EXPECT_NEAR(a.stages[s].bubble_s, b.stages[s].bubble_s, 1e-9 * b.step_time_s) << "stage " << s;
+    EXPECT_NEAR(a.stages[s].finish_s, b.stages[s].finish_s, rel * b.step_time_s) << "stage " << s;
+    EXPECT_NEAR(a.stages[s].bubble_s, b.stages[s].bubble_s, rel * b.step_time_s) << "stage " << s;
     for (const char* k : {"TP", "CP", "PP", "DP"}) {
-      EXPECT_NEAR(a.stages[s].comm.at(k).total_s, b.stages[s].comm.at(k).total_s, 1e-9 * b.step_time_s) << k;
-      EXPECT_NEAR(a.stages[s].comm.at(k).exposed_s, b.stages[s].comm.at(k).exposed_s, 1e-9 * b.step_time_s) << k;
+      EXPECT_NEAR(a.stages[s].comm.at(k).total_s, b.stages[s].comm.at(k).total_s, rel * b.step_time_s) << k;
+      EXPECT_NEAR(a.stages[s].comm.at(k).exposed_s, b.stages[s].comm.at(k).exposed_s, rel * b.step_time_s) << k;
     }
   }
 }
@@ -153,6 +158,45 @@ TEST(Engine, PipelineBubbleShrinksWithMoreMicroBatches) {
   // Tolerances cover the first/last stage's embedding and head work.
   EXPECT_NEAR(frac_few, 3.0 / 7.0, 0.08);
   EXPECT_NEAR(frac_many, 3.0 / 35.0, 0.03);
+}
+
+}  // namespace
+}  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+TEST(EngineSchedule, InterleavingShrinksTheBubbleAndFoldingStillHolds) {
+  const std::string cluster = "{node: dgx-a100, nodes: 1}";
+  auto layout = [](int vp) {
+    return "{dp: 1, tp: 2, pp: 4, vp: " + std::to_string(vp) +
+           ", zero_stage: 0, sequence_parallel: true, recompute: none}";
+  };
+  const std::string train =
+      "{seq_len: 512, global_batch: 8, micro_batch: 1, dtype: bf16, flash_attention: true, framework: megatron}";
+  const auto plain = simulate_step_isolated(parse_experiment(gpt(cluster, layout(1), train, 4096, 256), "v.yaml"));
+  const auto e2 = parse_experiment(gpt(cluster, layout(2), train, 4096, 256), "v.yaml");
+  const auto inter = simulate_step_isolated(e2);
+  EXPECT_LT(inter.bubble_s, plain.bubble_s);
+  EXPECT_LT(inter.step_time_s, plain.step_time_s);
+  // Narayanan 2021 Sec 2.2.2: the bubble shrinks by v; allow for first/last-stage work.
+  EXPECT_NEAR(inter.bubble_s / plain.bubble_s, 0.5, 0.15);
+  expect_same(inter, simulate_step_isolated(e2, EngineOptions{false}), 1e-2);
+}
+
+TEST(EngineSchedule, CommunicationInterferenceSlowsOverlappedCompute) {
+  const std::string cluster = "{node: dgx-a100, nodes: 2}";
+  const std::string layout = "{dp: 4, tp: 4, pp: 1, zero_stage: 0, sequence_parallel: true, recompute: none}";
+  auto train = [](bool interference) {
+    return std::string("{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, overlap_grad_reduce: true, "
+                       "comm_interference: ") + (interference ? "true" : "false") + "}";
+  };
+  const auto with = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(true), 4096), "i.yaml"));
+  const auto without = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(false), 4096), "i.yaml"));
+  EXPECT_GT(with.step_time_s, without.step_time_s);
+  // Only the overlapped part slows, by at most 24/108 of the A100's SMs.
+  EXPECT_LT(with.step_time_s, without.step_time_s + with.comm.at("DP").total_s * (24.0 / 108.0) + 1e-9);
+  EXPECT_EQ(with.engine_config.at("comm_overlap_compute_speed"), "0.777778");
 }
 
 }  // namespace

@@ -185,3 +185,79 @@ TEST(Plan, InvalidExperimentIsRejectedBeforePlanning) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+std::string pipeline_order(const StagePlan& st) {
+  // "F<chunk>.<mb>" at each micro-batch's first op of a forward, "B<chunk>.<mb>" at a
+  // backward's, read from the P2P and first-layer ops of the plan.
+  std::string out;
+  int last_mb = -2, last_chunk = -2;
+  Phase last_phase = Phase::optimizer;
+  for (const auto& op : st.ops) {
+    if (op.micro_batch < 0 || op.phase == Phase::optimizer) continue;
+    const Phase ph = op.phase == Phase::recompute ? Phase::backward : op.phase;
+    if (op.micro_batch == last_mb && op.chunk == last_chunk && ph == last_phase) continue;
+    if (op.type != OpType::recv && op.type != OpType::compute && op.type != OpType::collective) continue;
+    last_mb = op.micro_batch;
+    last_chunk = op.chunk;
+    last_phase = ph;
+    out += (ph == Phase::forward ? "F" : "B") + std::to_string(op.chunk) + "." + std::to_string(op.micro_batch) + " ";
+  }
+  return out;
+}
+
+TEST(PlanSchedule, InterleavedFollowsMegatronWarmupAndChunkOrder) {
+  // p = 2, v = 2, m = 4 on 8 layers: rank 0 warms up (p - r - 1) * 2 + (v - 1) * p = 4
+  // virtual micro-batches (Megatron-LM schedules.py).
+  const auto e = parse_experiment(
+      "model: {name: t, layers: 8, hidden: 256, heads: 8, kv_heads: 8, ffn_hidden: 1024, activation: gelu,\n"
+      "        vocab: 1024, tied_embeddings: false, norm: layernorm, position: learned}\n"
+      "cluster: {node: dgx-a100, nodes: 1, gpus_per_node: 2, nics_per_node: 2}\n"
+      "layout: {dp: 1, tp: 1, pp: 2, vp: 2, zero_stage: 0, sequence_parallel: false, recompute: none}\n"
+      "training: {seq_len: 128, global_batch: 4, micro_batch: 1, dtype: bf16}\n",
+      "il.yaml");
+  const auto plan = build_step_plan(e);
+  EXPECT_EQ(pipeline_order(plan.stages[0]),
+            "F0.0 F0.1 F1.0 F1.1 F0.2 B1.0 F0.3 B1.1 F1.2 B0.0 F1.3 B0.1 B1.2 B1.3 B0.2 B0.3 ");
+  // Rank 1 warms up (v - 1) * p = 2.
+  EXPECT_EQ(pipeline_order(plan.stages[1]),
+            "F0.0 F0.1 F1.0 B1.0 F1.1 B1.1 F0.2 B0.0 F0.3 B0.1 F1.2 B1.2 F1.3 B1.3 B0.2 B0.3 ");
+  // Chunk c of rank r is virtual stage c*p + r: rank 0 holds layers 0-1 and 4-5.
+  for (const auto& op : plan.stages[0].ops)
+    if (op.layer >= 0) {
+      EXPECT_TRUE((op.chunk == 0 && op.layer < 2) || (op.chunk == 1 && op.layer >= 4 && op.layer < 6)) << op.layer;
+    }
+  // Crossing chunks wraps around the ring: rank 1 chunk 0 sends its activations to rank 0.
+  for (const auto& op : plan.stages[1].ops)
+    if (op.type == OpType::send && op.dir == Direction::forward) {
+      EXPECT_EQ(op.chunk, 0);
+      EXPECT_EQ(op.peer_stage, 0);
+    }
+}
+
+TEST(PlanSchedule, GpipeRunsAllForwardsFirst) {
+  const auto e = parse_experiment(
+      "model: {name: t, layers: 4, hidden: 256, heads: 8, kv_heads: 8, ffn_hidden: 1024, activation: gelu,\n"
+      "        vocab: 1024, tied_embeddings: false, norm: layernorm, position: learned}\n"
+      "cluster: {node: dgx-a100, nodes: 1, gpus_per_node: 2, nics_per_node: 2}\n"
+      "layout: {dp: 1, tp: 1, pp: 2, schedule: gpipe, zero_stage: 0, sequence_parallel: false, recompute: none}\n"
+      "training: {seq_len: 128, global_batch: 3, micro_batch: 1, dtype: bf16}\n",
+      "gp.yaml");
+  EXPECT_EQ(pipeline_order(build_step_plan(e).stages[1]), "F0.0 F0.1 F0.2 B0.0 B0.1 B0.2 ");
+}
+
+TEST(PlanSchedule, InterleavedNeedsMicroBatchesMultipleOfPp) {
+  EXPECT_THROW(parse_experiment(
+                   "model: {name: t, layers: 8, hidden: 256, heads: 8, kv_heads: 8, ffn_hidden: 1024, activation: gelu,\n"
+                   "        vocab: 1024, tied_embeddings: false, norm: layernorm, position: learned}\n"
+                   "cluster: {node: dgx-a100, nodes: 1, gpus_per_node: 2, nics_per_node: 2}\n"
+                   "layout: {dp: 1, tp: 1, pp: 2, vp: 2, zero_stage: 0}\n"
+                   "training: {seq_len: 128, global_batch: 3, micro_batch: 1, dtype: bf16}\n",
+                   "il.yaml"),
+               InputError);
+}
+
+}  // namespace
+}  // namespace dtsim
