@@ -3,6 +3,7 @@
 // <simgrid/...>.
 #include "models/experiment.hpp"
 #include "models/result.hpp"
+#include "models/trace.hpp"
 
 namespace dtsim {
 
@@ -11,6 +12,9 @@ struct EngineOptions {
   /// the flows of the group edges it owns. Exact on a symmetric non-blocking fabric
   /// (tests/unit/test_engine.cpp checks folded == unfolded on small clusters).
   bool fold = true;
+  /// Record a timeline (one event per kernel, collective, transfer and wait). Kernels are
+  /// then simulated one by one instead of in runs, which is slower.
+  Trace* trace = nullptr;
 };
 
 /// Simulates one training step of `exp` on the SimGrid engine in this process.

@@ -115,6 +115,16 @@ struct GroupState {
   std::unordered_map<int64_t, Instance> instances;  // seq -> in-progress instance
 };
 
+TraceStream stream_of(CommKind k) {
+  switch (k) {
+    case CommKind::TP: return TraceStream::tp;
+    case CommKind::CP: return TraceStream::cp;
+    case CommKind::PP: return TraceStream::pp;
+    case CommKind::DP: return TraceStream::dp;
+  }
+  return TraceStream::compute;
+}
+
 class Simulation {
  public:
   Simulation(const StepPlan& plan, const EngineOptions& opts) : plan_(plan), grid_(plan.exp.layout), opts_(opts) {
@@ -135,6 +145,9 @@ class Simulation {
   void stream_actor(RankState& rs, int kind);
   void issue(RankState& rs, const Op& op);
   void set_active(RankState& rs, int delta);
+  void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
+              const char* name = nullptr);
+  std::string group_label(const RankState& rs, GroupKind kind);
   void run_kernels(RankState& rs, double seconds);
   void wait_handle(RankState& rs, const Op& op);
   void send(RankState& rs, const Op& op);
@@ -218,6 +231,7 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     set_active(rs, +1);
     run_collective(rs, *q.op, q.seq, st.collective);
     set_active(rs, -1);
+    record(rs, stream_of(q.op->kind), *q.op, to_string(q.op->kind), t0);
     auto& cs = rs.stats.comm[kind];
     cs.total_s += sg4::Engine::get_clock() - t0;
     cs.bytes += ring_cost(q.op->collective, static_cast<int64_t>(grid_.group_of(rs.rank, q.op->group).size()),
@@ -229,6 +243,37 @@ void Simulation::stream_actor(RankState& rs, int kind) {
       rs.handle_done->release();
     }
   }
+}
+
+std::string Simulation::group_label(const RankState& rs, GroupKind kind) {
+  const auto members = grid_.group_of(rs.rank, kind);
+  std::string out = "[";
+  for (size_t i = 0; i < members.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(members[i]);
+  if (members.size() > 8) out += ", ... (" + std::to_string(members.size()) + " ranks)";
+  return out + "]";
+}
+
+void Simulation::record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
+                        const char* name) {
+  if (!opts_.trace) return;
+  TraceEvent e;
+  e.rank = rs.rank;
+  e.stream = stream;
+  e.name = name ? name : op.name;
+  e.category = category;
+  e.start_s = start;
+  e.duration_s = sg4::Engine::get_clock() - start;
+  if (op.type == OpType::compute) {
+    e.flops = op.flops;
+    e.bytes = op.bytes;
+  } else {
+    e.bytes = op.size_bytes;
+    if (op.type != OpType::send && op.type != OpType::recv) e.group = group_label(rs, op.group);
+  }
+  e.layer = op.layer;
+  e.micro_batch = op.micro_batch;
+  e.chunk = op.chunk;
+  opts_.trace->events.push_back(std::move(e));
 }
 
 void Simulation::set_active(RankState& rs, int delta) {
@@ -258,6 +303,7 @@ void Simulation::wait_handle(RankState& rs, const Op& op) {
   rs.waiting_handle = op.handle;
   rs.handle_done->acquire();
   rs.stats.comm[static_cast<int>(op.kind)].exposed_s += sg4::Engine::get_clock() - t0;
+  record(rs, TraceStream::compute, op, "wait", t0, "wait");
 }
 
 sg4::Mailbox* Simulation::mailbox(int64_t rank, Direction dir) const {
@@ -305,6 +351,22 @@ void Simulation::recv(RankState& rs, const Op& op) {
   cs.exposed_s += t1 - start;
   cs.total_s += t1 - msg->posted_at;
   rs.stats.bubble_s += start - t0;
+  if (opts_.trace) {
+    const double now = sg4::Engine::get_clock();
+    TraceEvent bubble;
+    if (start > t0) {
+      bubble.rank = rs.rank;
+      bubble.name = "bubble";
+      bubble.category = "bubble";
+      bubble.start_s = t0;
+      bubble.duration_s = start - t0;
+      bubble.micro_batch = op.micro_batch;
+      bubble.chunk = op.chunk;
+      opts_.trace->events.push_back(bubble);
+    }
+    record(rs, TraceStream::pp, op, "PP", msg->posted_at);
+    (void)now;
+  }
 }
 
 void Simulation::compute_actor(RankState& rs) {
@@ -320,7 +382,15 @@ void Simulation::compute_actor(RankState& rs) {
   for (const Op& op : ops) {
     switch (op.type) {
       case OpType::compute:
-        pending += op.time_s;
+        if (opts_.trace) {
+          flush();
+          const double t0 = sg4::Engine::get_clock();
+          pending = op.time_s;
+          flush();
+          record(rs, TraceStream::compute, op, "compute", t0);
+        } else {
+          pending += op.time_s;
+        }
         rs.stats.compute_s += op.time_s;
         if (op.phase == Phase::optimizer) rs.stats.optimizer_s += op.time_s;
         break;
@@ -329,6 +399,7 @@ void Simulation::compute_actor(RankState& rs) {
         const int64_t seq = next_seq(rs, op.group, rs.rank);
         const double t0 = sg4::Engine::get_clock();
         run_collective(rs, op, seq, rs.collective);
+        record(rs, stream_of(op.kind), op, to_string(op.kind), t0);
         const double dt = sg4::Engine::get_clock() - t0;
         auto& cs = rs.stats.comm[static_cast<int>(op.kind)];
         cs.total_s += dt;
@@ -398,6 +469,8 @@ StepResult Simulation::run() {
     rs->host = platform_.hosts[static_cast<size_t>(r)];
     rs->done.assign(static_cast<size_t>(rs->plan->handles), 0);
     rs->issued_at.assign(static_cast<size_t>(rs->plan->handles), 0.0);
+    if (opts_.trace)
+      opts_.trace->processes.push_back({r, rs->stage, opts_.fold ? stage_size_ : 1});
     ranks_.push_back(std::move(rs));
   }
   for (auto& rsp : ranks_) {

@@ -26,5 +26,6 @@ void require_output_dir(const std::string& path, const std::string& option);
 
 // ---- registered subcommands (one line each in main.cpp) ----
 Command add_run_command(CLI::App& app);
+Command add_validate_command(CLI::App& app);
 
 }  // namespace dtsim::cli

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   std::vector<Command> commands;
   // Registered subcommands: one line each.
   commands.push_back(add_run_command(app));
+  commands.push_back(add_validate_command(app));
 
   try {
     app.parse(argc, argv);

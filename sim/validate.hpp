@@ -1,0 +1,44 @@
+#pragma once
+// `dtsim validate`: simulate every experiment that carries a `published:` section and
+// compare with the published figure.
+//
+// One primary metric per experiment: the iteration time when the source gives one, else
+// TFLOP/s per GPU on the source's basis (model FLOPs, or hardware FLOPs counting the
+// recomputed forward, Narayanan 2021 Eq. 3). MFU is compared as well where published,
+// but only the primary metric enters the mean absolute percentage error (MAPE).
+#include <string>
+#include <vector>
+
+#include "models/experiment.hpp"
+
+namespace dtsim {
+
+struct ValidationRow {
+  std::string file;
+  std::string title;
+  std::string metric;      // "step time (s)" | "TFLOP/s per GPU (model)" | "... (hardware)"
+  double published = 0;
+  double simulated = 0;
+  double error_pct = 0;    // 100 (simulated - published) / published
+  double published_mfu = 0;   // 0 when not published
+  double simulated_mfu = 0;
+  std::string source;
+  double wall_s = 0;       // host seconds the simulation took
+};
+
+struct ValidationReport {
+  std::vector<ValidationRow> rows;
+  std::vector<std::string> skipped;  // files without a published section
+  double mape_pct = 0;               // mean |error_pct| over rows
+  double worst_pct = 0;              // max |error_pct|
+};
+
+/// Every *.yaml under `paths` (files or directories, searched recursively, in sorted
+/// order) that has a `published:` section is simulated in a child process. Throws
+/// InputError naming a file that does not parse.
+ValidationReport validate_experiments(const std::vector<std::string>& paths);
+
+/// The table `dtsim validate` prints.
+std::string format_validation(const ValidationReport& report);
+
+}  // namespace dtsim
