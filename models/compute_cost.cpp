@@ -1,6 +1,13 @@
 #include "models/compute_cost.hpp"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "models/calibration/plan_kernels.hpp"
+#include "models/errors.hpp"
 
 namespace dtsim {
 
@@ -14,7 +21,9 @@ double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attent
       // FP8 applies to the linear layers' GEMMs only; attention stays bf16 (Transformer
       // Engine's FP8 recipe keeps dot-product attention in higher precision).
       const bool fp8 = dtype == Dtype::fp8 && op.kernel == KernelKind::gemm && gpu.peak_fp8_flops > 0;
-      const double peak = (fp8 ? gpu.peak_fp8_flops : gpu.peak_bf16_flops) * gpu.gemm_efficiency;
+      const double eff = op.kernel == KernelKind::attention && gpu.attention_efficiency > 0 ? gpu.attention_efficiency
+                                                                                           : gpu.gemm_efficiency;
+      const double peak = (fp8 ? gpu.peak_fp8_flops : gpu.peak_bf16_flops) * eff;
       const double work = op.kernel == KernelKind::attention ? op.flops * attention_work : op.flops;
       const double flop_t = peak > 0 ? work / peak : 0.0;
       return std::max(flop_t, mem_t) + launch;
@@ -24,6 +33,44 @@ double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attent
       return mem_t + launch;
   }
   return mem_t + launch;
+}
+
+const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
+  const std::string& name = exp.cluster.gpu.profile;
+  if (name.empty()) return nullptr;
+  namespace fs = std::filesystem;
+  fs::path p(name);
+  if (p.is_relative() && !exp.source.empty()) p = fs::path(exp.source).parent_path() / p;
+  const std::string key = p.lexically_normal().string();
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<const calib::ComputeProfile>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second.get();
+  try {
+    auto prof = std::make_unique<const calib::ComputeProfile>(calib::ComputeProfile::load(key));
+    return cache.emplace(key, std::move(prof)).first->second.get();
+  } catch (const InputError& e) {
+    std::vector<std::string> ps{(exp.source.empty() ? std::string("experiment") : exp.source) +
+                                ": cluster.gpu.profile=" + name + " cannot be used:"};
+    ps.insert(ps.end(), e.problems().begin(), e.problems().end());
+    throw InputError(ps);
+  }
+}
+
+ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work) {
+  const GpuSpec& gpu = exp.cluster.gpu;
+  const ComputeTime roof{compute_time(op, gpu, exp.training.dtype, attention_work), calib::TimeSource::roofline};
+  const calib::ComputeProfile* prof = experiment_profile(exp);
+  if (!prof) return roof;
+  const auto k = calib::kernel_for_op(op, exp);
+  if (!k) return roof;
+  const auto t = prof->lookup(k->spec);
+  if (!t) return roof;
+  double seconds = t->seconds * k->count;
+  // A multi-launch op timed as one kernel (cross_entropy: 3) pays the other launches.
+  if (k->count == 1 && op.kernels > 1) seconds += gpu.kernel_overhead * (op.kernels - 1);
+  return {seconds, t->source};
 }
 
 }  // namespace dtsim

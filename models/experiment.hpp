@@ -47,6 +47,9 @@ struct GpuSpec {
   double hbm_bandwidth = 0;    // B/s
   /// Fraction of peak that large dense GEMMs reach (cuBLAS); dimensionless, (0,1].
   double gemm_efficiency = 0;
+  /// Fraction of the bf16 peak that fused (Flash) attention kernels reach on the FLOPs
+  /// they execute; 0 = use gemm_efficiency. Unfused attention runs as GEMMs.
+  double attention_efficiency = 0;
   /// Fraction of HBM bandwidth that streaming (memory-bound) kernels reach; (0,1].
   double memory_efficiency = 0;
   /// Fixed cost per GPU kernel launch, seconds.
@@ -54,6 +57,10 @@ struct GpuSpec {
   /// Streaming multiprocessors (datasheet); NCCL kernels occupy some of them while
   /// communication overlaps compute (models/compute_cost.hpp kNcclBlocks).
   int64_t sm_count = 0;
+  /// Calibration profile (cluster.gpu.profile): path of a `dtsim calibrate` YAML file,
+  /// as written (relative paths are relative to the experiment file); "" = roofline only.
+  /// Read by models/compute_cost.hpp experiment_profile().
+  std::string profile;
 };
 
 /// A point-to-point link class: per-direction bandwidth per GPU (or NIC) and latency.
@@ -65,15 +72,38 @@ struct LinkSpec {
   double efficiency = 1.0;
 };
 
+/// Sizes of the switch tiers above the NICs (cluster.fabric as a map; built into a graph by
+/// topologies/topology.hpp). A tier's uplink capacity is the NIC capacity below it divided
+/// by its oversubscription (downlink : uplink), so 1 is non-blocking.
+struct FabricShape {
+  int64_t nodes_per_leaf = 0;        // leaf-spine, clos, rail-optimized (per rail): nodes per leaf
+  double oversubscription = 1;       // leaf (rail leaf) downlink / uplink capacity, >= 1
+  int64_t leaves_per_pod = 0;        // clos: leaves under one pod spine layer
+  double pod_oversubscription = 1;   // clos: pod downlink / uplink capacity into the core, >= 1
+};
+
+/// Collective algorithm and NCCL protocol (cluster.collectives): "auto" lets the tuner
+/// choose per collective as NCCL's does (sim/collectives/tuner.hpp); a name forces it where
+/// the algorithm supports the collective (as NCCL_ALGO / NCCL_PROTO do).
+struct CollectiveChoice {
+  std::string algorithm = "auto";  // auto | ring | tree | nvls | hierarchical | direct | p2p
+  std::string protocol = "auto";   // auto | simple | ll | ll128
+};
+
 struct ClusterSpec {
   std::string name;
   GpuSpec gpu;
-  int64_t nodes = 0;
+  int64_t nodes = 0;           // NVLink domains (a DGX node; a GB200 NVL72 rack)
   int64_t gpus_per_node = 0;
   LinkSpec nvlink;             // per GPU into the NVSwitch domain (one node)
+  /// NVLink SHARP (NVLS) AllReduce rate per GPU / NVLink line rate; 0 = no NVLS.
+  double nvls_efficiency = 0;
   int64_t nics_per_node = 0;   // GPUs share NICs evenly: gpus_per_node / nics_per_node each
   LinkSpec nic;                // per NIC
-  std::string fabric = "non-blocking";  // only non-blocking for now
+  /// Fabric type: non-blocking (full-bisection fat tree) | leaf-spine | rail-optimized | clos.
+  std::string fabric = "non-blocking";
+  FabricShape fabric_shape;    // its tiers (unused by non-blocking)
+  CollectiveChoice collectives;
   /// HBM kept back for the CUDA context, NCCL buffers and allocator fragmentation, bytes.
   double hbm_reserve_bytes = 0;
 
@@ -118,6 +148,10 @@ struct Training {
   /// overlaps compute on a rank, its kernels run at (1 - kNcclBlocks / sm_count) speed
   /// (models/compute_cost.hpp). Off: overlap is free.
   bool comm_interference = true;
+  /// Pipeline sends overlap compute (Megatron --overlap-p2p-communication, interleaved
+  /// schedule). Off: a send blocks until its bytes arrived, as Megatron-LM's
+  /// p2p_communication._communicate waits on batch_isend_irecv.
+  bool overlap_p2p = false;
   /// Gradient accumulation steps: global_batch / (micro_batch * dp).
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };

@@ -12,8 +12,12 @@
 //   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
 //          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead}),
 //          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
-//          efficiency}, nics_per_node, nic {bandwidth, latency, efficiency},
-//          fabric (non-blocking), hbm_reserve
+//          efficiency, nvls_efficiency (node preset, else 0 = no NVLS)}, nics_per_node, nic
+//          {bandwidth, latency, efficiency}, fabric (TYPE or {type, nodes_per_leaf,
+//          oversubscription (1), leaves_per_pod, pod_oversubscription (1)}; TYPE one of
+//          topologies/fabrics/fabric.hpp, non-blocking by default; the keys a type reads
+//          and requires are listed there), collectives {algorithm (auto), protocol (auto)},
+//          hbm_reserve
 //   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
 //          interleaved; interleaved when vp > 1, else 1f1b), zero_stage (0),
 //          sequence_parallel (false), recompute (none|selective|full; none)
@@ -21,7 +25,7 @@
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
 //          overlap_param_gather (false), tp_comm_overlap (false),
-//          reduce_every_micro_batch (false), comm_interference (true)
+//          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false)
 #include "models/experiment_io.hpp"
 
 #include <algorithm>
@@ -43,6 +47,8 @@
 
 #include "models/errors.hpp"
 #include "models/units.hpp"
+#include "topologies/collective_names.hpp"
+#include "topologies/fabrics/fabric.hpp"
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -63,17 +69,19 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "tied_embeddings", "norm", "position", "max_position_embeddings", "hf_config"}},
       {"cluster",
        {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
-        "hbm_reserve"}},
+        "collectives", "hbm_reserve"}},
       {"cluster.gpu",
        {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
-        "memory_efficiency", "kernel_overhead", "sm_count"}},
-      {"cluster.nvlink", {"bandwidth", "latency", "efficiency"}},
+        "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "profile"}},
+      {"cluster.nvlink", {"bandwidth", "latency", "efficiency", "nvls_efficiency"}},
       {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
+      {"cluster.fabric", {"type", "nodes_per_leaf", "oversubscription", "leaves_per_pod", "pod_oversubscription"}},
+      {"cluster.collectives", {"algorithm", "protocol"}},
       {"layout", {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute"}},
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
-        "reduce_every_micro_batch", "comm_interference"}},
+        "reduce_every_micro_batch", "comm_interference", "overlap_p2p"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
   };
   auto it = schema.find(map_path);
@@ -598,12 +606,78 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   set_if(g.memory_efficiency, r.number("memory_efficiency"));
   set_if(g.kernel_overhead, r.quantity("kernel_overhead", Quantity::time));
   set_if(g.sm_count, r.integer("sm_count"));  // optional: 0 disables comm_interference
+  set_if(g.attention_efficiency, r.number("attention_efficiency"));  // optional: 0 = gemm_efficiency
+  // optional: a `dtsim calibrate` profile, relative to the experiment file (read lazily by
+  // models/compute_cost.hpp experiment_profile, which names this key in its errors).
+  set_if(g.profile, r.text("profile"));
   if (!preset) {
     for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
                           "kernel_overhead"})
       if (!r.has(k)) r.require(k, "or give gpu.preset");
   }
   return g;
+}
+
+// cluster.fabric: a type name, or a map {type, shape keys}; each type reads and requires the
+// keys its FabricType lists (topologies/fabrics/fabric.hpp).
+void read_fabric(Reader& cluster, ClusterSpec& c) {
+  if (!cluster.has("fabric")) return;
+  const std::string path = cluster.path("fabric");
+  const YAML::Node n = cluster.child("fabric");
+  std::optional<std::string> type;
+  Reader r(cluster.ctx(), n, path);
+  if (n.IsMap()) {
+    if (!r.check_map()) return;
+    type = r.text("type");
+    if (!type && !r.has("type")) {
+      r.require("type", "one of " + fabric_type_list());
+      return;
+    }
+  } else {
+    type = cluster.text("fabric");
+  }
+  if (!type) return;
+  const FabricType* ft = find_fabric_type(*type);
+  const std::string type_key = n.IsMap() ? r.path("type") : path;
+  if (!ft) {
+    cluster.ctx().fail(path, type_key + "=" + quote(*type) + " is not a fabric type (valid: " + fabric_type_list() + ")");
+    return;
+  }
+  c.fabric = *type;
+  if (!n.IsMap()) {
+    if (!ft->required.empty())
+      cluster.ctx().fail(path, path + "=" + *type + " needs a map {type: " + *type + ", " + join_list(ft->required) +
+                                   ": ...}");
+    return;
+  }
+  for (const char* key : {"nodes_per_leaf", "oversubscription", "leaves_per_pod", "pod_oversubscription"}) {
+    const bool reads = std::find(ft->keys.begin(), ft->keys.end(), key) != ft->keys.end();
+    if (r.has(key) && !reads)
+      r.ctx().fail(r.path(key), r.path(key) + " does not apply to fabric type " + *type +
+                                    (ft->keys.empty() ? std::string(" (it has no shape keys)")
+                                                      : " (it reads: " + join_list(ft->keys) + ")"));
+  }
+  for (const auto& key : ft->required)
+    if (!r.has(key)) r.require(key, "fabric type " + *type);
+  set_if(c.fabric_shape.nodes_per_leaf, r.integer("nodes_per_leaf"));
+  set_if(c.fabric_shape.oversubscription, r.number("oversubscription"));
+  set_if(c.fabric_shape.leaves_per_pod, r.integer("leaves_per_pod"));
+  set_if(c.fabric_shape.pod_oversubscription, r.number("pod_oversubscription"));
+}
+
+// cluster.collectives: {algorithm, protocol}, each "auto" or a name.
+void read_collectives(Reader& cluster, ClusterSpec& c) {
+  Reader r(cluster.ctx(), cluster.child("collectives"), cluster.path("collectives"));
+  if (!r.check_map()) return;
+  auto pick = [&](const std::string& key, const std::vector<std::string>& valid, std::string& target) {
+    auto v = r.text(key);
+    if (!v) return;
+    if (std::find(valid.begin(), valid.end(), *v) == valid.end())
+      r.ctx().fail(r.path(key), r.path(key) + "=" + quote(*v) + " is not one of " + join_list(valid));
+    else target = *v;
+  };
+  pick("algorithm", collective_algorithm_names(), c.collectives.algorithm);
+  pick("protocol", collective_protocol_names(), c.collectives.protocol);
 }
 
 ClusterSpec read_cluster(Reader r) {
@@ -623,6 +697,7 @@ ClusterSpec read_cluster(Reader r) {
     c.nics_per_node = node->nics_per_node;
     c.nic = node->nic;
     c.hbm_reserve_bytes = node->hbm_reserve_bytes;
+    c.nvls_efficiency = node->nvls_efficiency;
   }
   c.gpu = read_gpu(r, node);
   if (auto v = r.integer("nodes")) c.nodes = *v;
@@ -632,13 +707,10 @@ ClusterSpec read_cluster(Reader r) {
   set_if(c.nics_per_node, r.integer("nics_per_node"));
   if (!node && !r.has("nics_per_node") && c.nodes > 1) r.require("nics_per_node", "or give cluster.node");
   read_link(r, "nvlink", c.nvlink, node != nullptr, c.gpus_per_node > 1);
+  set_if(c.nvls_efficiency, Reader(r.ctx(), r.child("nvlink"), r.path("nvlink")).number("nvls_efficiency"));
   read_link(r, "nic", c.nic, node != nullptr, c.nodes > 1);
-  if (auto f = r.text("fabric")) {
-    c.fabric = *f;
-    if (*f != "non-blocking")
-      r.ctx().fail(r.path("fabric"),
-                   r.path("fabric") + "=" + quote(*f) + " is not supported: only non-blocking is supported");
-  }
+  read_fabric(r, c);
+  read_collectives(r, c);
   set_if(c.hbm_reserve_bytes, r.quantity("hbm_reserve", Quantity::bytes));
   if (auto n = r.text("name")) c.name = *n;
   else c.name = std::to_string(c.nodes) + " x " + (node ? node->name : c.gpu.name);
@@ -699,6 +771,7 @@ Training read_training(Reader r) {
   set_if(t.tp_comm_overlap, r.boolean("tp_comm_overlap"));
   set_if(t.reduce_every_micro_batch, r.boolean("reduce_every_micro_batch"));
   set_if(t.comm_interference, r.boolean("comm_interference"));
+  set_if(t.overlap_p2p, r.boolean("overlap_p2p"));
   return t;
 }
 
@@ -742,6 +815,7 @@ YAML::Node with_value(const YAML::Node& node, const std::vector<std::string>& se
   } else {
     out = YAML::Node(YAML::NodeType::Map);
     if (map_path == "cluster.gpu" && node.IsDefined() && node.IsScalar()) out["preset"] = node.Scalar();
+    if (map_path == "cluster.fabric" && node.IsDefined() && node.IsScalar()) out["type"] = node.Scalar();
   }
   const std::string& key = segs[i];
   if (i + 1 == segs.size()) {
@@ -871,8 +945,9 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
       p.add("layout.tp=" + s(l.tp) + " does not divide model.vocab=" + s(m.vocab) +
             " (the embedding and output layer are split across tensor-parallel ranks; pad the vocabulary)");
   }
-  if (ok({"layout.pp", "model.layers"}) && l.pp > 0 && m.layers > 0 && !divides(l.pp, m.layers))
-    p.add("layout.pp=" + s(l.pp) + " does not divide model.layers=" + s(m.layers));
+  if (ok({"layout.pp", "model.layers"}) && l.pp > 0 && m.layers > 0 && m.layers < l.pp)
+    p.add("layout.pp=" + s(l.pp) + " exceeds model.layers=" + s(m.layers) +
+          " (every pipeline stage needs at least one layer)");
   if (ok({"layout.vp"}) && l.vp < 1) p.add("layout.vp=" + s(l.vp) + " must be a positive integer");
   if (ok({"layout.vp", "layout.pp", "model.layers"}) && l.vp > 1 && l.pp > 0 && m.layers > 0 &&
       !divides(l.pp * l.vp, m.layers))
@@ -908,12 +983,37 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
           s(c.gpus_per_node));
   if (ok({"cluster.nics_per_node", "cluster.nodes"}) && c.nodes > 1 && c.nics_per_node == 0)
     p.add("cluster.nics_per_node=0 but cluster.nodes=" + s(c.nodes) + " needs network interfaces");
-  if (ok({"cluster.fabric"}) && c.fabric != "non-blocking")
-    p.add("cluster.fabric=\"" + c.fabric + "\" is not supported: only non-blocking is supported");
+  if (ok({"cluster.fabric"}) && !find_fabric_type(c.fabric))
+    p.add("cluster.fabric=\"" + c.fabric + "\" is not a fabric type (valid: " + fabric_type_list() + ")");
+  if (const FabricType* ft = find_fabric_type(c.fabric); ft && ok({"cluster.fabric"})) {
+    const auto& f = c.fabric_shape;
+    auto reads = [&](const char* key) { return std::find(ft->keys.begin(), ft->keys.end(), key) != ft->keys.end(); };
+    // rail-optimized: 0 = every node in one rail group; the other types need a leaf size.
+    const int64_t min_leaf = c.fabric == "rail-optimized" ? 0 : 1;
+    if (reads("nodes_per_leaf") && ok({"cluster.fabric.nodes_per_leaf"}) && f.nodes_per_leaf < min_leaf)
+      p.add("cluster.fabric.nodes_per_leaf=" + s(f.nodes_per_leaf) + " must be >= " + s(min_leaf) + " (fabric " +
+            c.fabric + ")");
+    if (reads("leaves_per_pod") && ok({"cluster.fabric.leaves_per_pod"}) && f.leaves_per_pod < 1)
+      p.add("cluster.fabric.leaves_per_pod=" + s(f.leaves_per_pod) + " must be >= 1 (fabric " + c.fabric + ")");
+    if (reads("oversubscription") && ok({"cluster.fabric.oversubscription"}) && !(f.oversubscription >= 1))
+      p.add("cluster.fabric.oversubscription=" + fmt_double(f.oversubscription) +
+            " must be >= 1 (leaf downlink : uplink capacity)");
+    if (reads("pod_oversubscription") && ok({"cluster.fabric.pod_oversubscription"}) && !(f.pod_oversubscription >= 1))
+      p.add("cluster.fabric.pod_oversubscription=" + fmt_double(f.pod_oversubscription) +
+            " must be >= 1 (pod downlink : uplink capacity)");
+  }
+  if (ok({"cluster.nvlink.nvls_efficiency"}) && !(c.nvls_efficiency >= 0 && c.nvls_efficiency <= 1))
+    p.add("cluster.nvlink.nvls_efficiency=" + fmt_double(c.nvls_efficiency) +
+          " must be in [0, 1] (0: no NVLink SHARP)");
 
   auto fraction = [&](const std::string& key, double v) {
     if (ok({key}) && !(v > 0 && v <= 1)) p.add(key + "=" + fmt_double(v) + " must be in (0, 1]");
   };
+  if (ok({"cluster.gpu.attention_efficiency"}) && !(c.gpu.attention_efficiency >= 0 && c.gpu.attention_efficiency <= 1))
+    p.add("cluster.gpu.attention_efficiency=" + fmt_double(c.gpu.attention_efficiency) +
+          " must be in [0, 1] (0: use gemm_efficiency)");
+  if (ok({"cluster.gpu.sm_count"}) && c.gpu.sm_count < 0)
+    p.add("cluster.gpu.sm_count=" + std::to_string(c.gpu.sm_count) + " must be >= 0 (0: no SM accounting)");
   auto positive = [&](const std::string& key, double v, const char* unit) {
     if (ok({key}) && !(v > 0)) p.add(key + "=" + fmt_double(v) + " " + unit + " must be > 0");
   };

@@ -161,10 +161,19 @@ int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage) {
   if (stage < 0 || stage >= l.pp)
     throw InputError("pipeline stage " + std::to_string(stage) + " is outside [0, layout.pp=" +
                      std::to_string(l.pp) + ")");
-  if (m.layers % l.pp != 0)
-    throw InputError("model.layers=" + std::to_string(m.layers) + " is not divisible by layout.pp=" +
-                     std::to_string(l.pp));
-  return m.layers / l.pp;
+  if (m.layers < l.pp)
+    throw InputError("layout.pp=" + std::to_string(l.pp) + " exceeds model.layers=" + std::to_string(m.layers));
+  const int64_t base = (m.layers + l.pp - 1) / l.pp;
+  const int64_t deficit = base * l.pp - m.layers;  // < pp
+  // Removal order 0, p-1, 1, p-2, ...: position of `stage` in that order.
+  const int64_t order = stage < l.pp - 1 - stage ? 2 * stage : 2 * (l.pp - 1 - stage) + 1;
+  return base - (order < deficit ? 1 : 0);
+}
+
+int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
+  int64_t first = 0;
+  for (int64_t s = 0; s < stage; ++s) first += stage_layer_count(m, l, s);
+  return first;
 }
 
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage) {

@@ -102,9 +102,16 @@ int64_t total_parameters(const ModelSpec& m, int64_t seq_len);
 /// in what-if studies.
 double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp);
 
-/// Transformer layers held by pipeline stage `stage` (L / pp). Throws InputError when pp
-/// does not divide L (Megatron's default requirement) or stage is outside [0, pp).
+/// Transformer layers held by pipeline stage `stage`: L / pp when pp divides L. Otherwise
+/// every stage gets ceil(L / pp) and the missing layers are taken one each from the
+/// first and last stages, then the second and second-to-last, ... (the stages that also
+/// hold the embedding and the LM head), as Llama 3 does for 126 layers on PP16
+/// (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec 3.3.2: "reduce one Transformer
+/// layer each from the first and the last stages"). Throws InputError when pp > L or
+/// stage is outside [0, pp).
 int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage);
+/// Index of the first layer of pipeline stage `stage` (sum of the previous stages' counts).
+int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage);
 
 /// Parameters (elements) held by ONE rank of pipeline stage `stage` with layout `l`:
 /// its L/pp layers sharded as layer_parameters_per_tp_rank; the first stage also holds the

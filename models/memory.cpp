@@ -51,6 +51,11 @@ LayerParts layer_parts(const ModelSpec& m, double s, int64_t b, double s_kv) {
 
 }  // namespace
 
+// DeepSpeed ZeRO reduce_bucket_size default, elements (deepspeed/runtime/zero/config.py;
+// DeepSpeedZeroOptimizer(reduce_bucket_size=500000000), stage_1_and_2.py).
+constexpr double kDeepSpeedReduceBucketElements = 5e8;
+constexpr double kBytes16 = 2.0;  // bf16 / fp16 element
+
 BytesPerParameter bytes_per_parameter(Framework f) {
   switch (f) {
     case Framework::megatron:
@@ -62,10 +67,18 @@ BytesPerParameter bytes_per_parameter(Framework f) {
   return {2.0, 4.0, 12.0};
 }
 
-ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f) {
+BytesPerParameter bytes_per_parameter(Framework f, GradDtype main_grad) {
+  BytesPerParameter b = bytes_per_parameter(f);
+  b.grads = main_grad == GradDtype::fp32 ? 4.0 : 2.0;
+  return b;
+}
+
+double dp_grad_bytes_per_param(const Training& t) { return bytes_per_parameter(t.framework, t.main_grad).grads; }
+
+namespace {
+ModelStateBytes model_states(double params, const Layout& l, Framework f, const BytesPerParameter& bpp) {
   check_layout(l);
   if (params < 0) throw InputError("model_state_bytes: negative parameter count");
-  const BytesPerParameter bpp = bytes_per_parameter(f);
   const double n = d(l.dp) * d(l.cp);  // ZeRO group: ranks holding the same weights
   ModelStateBytes out;
   out.params_bytes = params * bpp.params / (l.zero_stage >= 3 ? n : 1.0);
@@ -74,6 +87,15 @@ ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f) {
   if (f == Framework::deepspeed)
     out.step_transient_bytes = params * 4.0 / (l.zero_stage >= 1 ? n : 1.0);
   return out;
+}
+}  // namespace
+
+ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f) {
+  return model_states(params, l, f, bytes_per_parameter(f));
+}
+
+ModelStateBytes model_state_bytes(double params, const Layout& l, const Training& t) {
+  return model_states(params, l, t.framework, bytes_per_parameter(t.framework, t.main_grad));
 }
 
 double korthikanti_table2_layer_bytes(int64_t s_, int64_t b_, int64_t h_, int64_t a_, int64_t t_,
@@ -125,6 +147,59 @@ double interleaved_activation_factor(int64_t pp, int64_t virtual_stages) {
   return 1.0 + d(pp - 1) / (d(pp) * d(virtual_stages));
 }
 
+namespace {
+// Same rule as models/flops.cpp stage_layer_count (Llama 3 uneven stages).
+int64_t uneven_stage_layers(int64_t layers, int64_t p, int64_t stage) {
+  const int64_t base = (layers + p - 1) / p;
+  const int64_t deficit = base * p - layers;
+  const int64_t order = stage < p - 1 - stage ? 2 * stage : 2 * (p - 1 - stage) + 1;
+  return base - (order < deficit ? 1 : 0);
+}
+}  // namespace
+
+PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation) {
+  const int64_t p = l.pp, m = accumulation;
+  if (p < 1 || stage < 0 || stage >= p)
+    throw InputError("pipeline stage " + std::to_string(stage) + " is outside [0, pp=" + std::to_string(p) + ")");
+  if (m < 1)
+    throw InputError("gradient accumulation steps = " + std::to_string(m) + " must be >= 1");
+  const bool interleaved = l.schedule == Schedule::interleaved;
+  const int64_t v = interleaved ? l.vp : 1;
+  if (v < 1) throw InputError("layout.vp=" + std::to_string(l.vp) + " must be >= 1");
+  if (layers < p || (v > 1 && layers % (p * v) != 0))
+    throw InputError("model.layers=" + std::to_string(layers) + " cannot be split over layout.pp*vp=" +
+                     std::to_string(p * v) + " (interleaving needs pp*vp | layers; every stage needs a layer)");
+  PipelineInflight out;
+  // Without interleaving stages may be uneven (models/flops.hpp stage_layer_count).
+  out.chunk_layers = v > 1 ? layers / (p * v) : uneven_stage_layers(layers, p, stage);
+  switch (l.schedule) {
+    case Schedule::gpipe:
+      out.warmup = m;
+      out.chunks = m;
+      out.first_chunk_microbatches = m;
+      return out;
+    case Schedule::one_f_one_b:
+      out.warmup = std::min(p - stage - 1, m);
+      out.chunks = std::min(p - stage, m);
+      out.first_chunk_microbatches = out.chunks;
+      return out;
+    case Schedule::interleaved: {
+      const int64_t total = m * v;
+      out.warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+      out.chunks = std::min(out.warmup + 1, total);
+      // Forward k runs model chunk (k mod p v) / p: count the chunk-0 forwards.
+      const int64_t group = p * v;
+      out.first_chunk_microbatches = (out.chunks / group) * p + std::min(out.chunks % group, p);
+      return out;
+    }
+  }
+  return out;
+}
+
+double ActivationBreakdown::inflight_microbatches() const {
+  return stage_layers > 0 ? d(inflight) * d(chunk_layers) / d(stage_layers) : 0.0;
+}
+
 ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   const ModelSpec& m = e.model;
   const Layout& l = e.layout;
@@ -148,10 +223,15 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   const double sbh = s * d(b) * d(m.hidden);
 
   ActivationBreakdown out;
-  out.inflight = inflight_microbatches(l.pp, stage, accumulation);
+  const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, accumulation);
+  out.inflight = pin.chunks;
+  out.chunk_layers = pin.chunk_layers;
+  out.stage_layers = layers;
+  out.warmup = pin.warmup;
   const double per_layer =
       layer_activation_bytes(m, s, b, s_kv, l.tp, sp, l.recompute, tr.flash_attention);
-  out.layers_bytes = d(out.inflight) * d(layers) * per_layer;
+  out.per_layer_bytes = per_layer;
+  out.layers_bytes = d(pin.chunks) * d(pin.chunk_layers) * per_layer;
 
   if (layers > 0 && l.recompute == Recompute::full) {
     out.recompute_working_bytes =
@@ -161,7 +241,7 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
         layer_activation_bytes(m, s, b, s_kv, l.tp, sp, Recompute::none, false) - per_layer;
   }
 
-  if (stage == 0) out.embedding_bytes = d(out.inflight) * (sp ? sbh / t : sbh);
+  if (stage == 0) out.embedding_bytes = d(pin.first_chunk_microbatches) * (sp ? sbh / t : sbh);
   if (stage == l.pp - 1) {
     const double norm_and_head_inputs = 4.0 * sbh;
     const double logits_fp32 = 4.0 * s * d(b) * d(m.vocab) / t;
@@ -170,11 +250,48 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   return out;
 }
 
+StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
+  const Layout& l = e.layout;
+  const Training& tr = e.training;
+  check_layout(l);
+  StageBuffers out;
+  const double params = stage_parameters_per_rank(e.model, l, tr.seq_len, stage);
+  const ModelStateBytes ms = model_state_bytes(params, l, tr);
+  out.step_transient_bytes = ms.step_transient_bytes;
+  const int64_t layers = stage_layer_count(e.model, l, stage);
+  const double layer = layer_parameters_per_tp_rank(e.model, l.tp);
+  if (l.zero_stage >= 3 && l.dp * l.cp > 1) {
+    // Units gathered one at a time, the next one prefetched: the two largest neighbours.
+    const double t = d(l.tp), h = d(e.model.hidden), vocab_rows = d(e.model.vocab) * h / t;
+    double units = d(std::min<int64_t>(2, layers)) * layer;
+    if (stage == 0) {
+      const double embedding = vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
+      units = std::max(units, embedding + (layers > 0 ? layer : 0.0));
+    }
+    if (stage == l.pp - 1) {
+      const bool own_head = !e.model.tied_embeddings || l.pp > 1;
+      const double head = (own_head ? vocab_rows : 0.0) + d(norm_parameters(e.model));
+      units = std::max(units, head + (layers > 0 ? layer : 0.0));
+    }
+    out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;
+  }
+  if (tr.framework == Framework::deepspeed && l.dp * l.cp > 1) {
+    const double bucket = tr.grad_bucket_bytes > 0 ? tr.grad_bucket_bytes / kBytes16 : kDeepSpeedReduceBucketElements;
+    if (l.zero_stage == 0) {
+      out.grad_bucket_bytes = std::min(bucket, params) * kBytes16;
+    } else {
+      const double buffers = (tr.overlap_grad_reduce && l.pp == 1) ? 2.0 : 1.0;
+      out.grad_bucket_bytes = buffers * bucket * kBytes16;
+    }
+  }
+  return out;
+}
+
 MemoryBreakdown stage_memory(const Experiment& e, int64_t stage) {
   const Layout& l = e.layout;
   check_layout(l);
   const double params = stage_parameters_per_rank(e.model, l, e.training.seq_len, stage);
-  const ModelStateBytes ms = model_state_bytes(params, l, e.training.framework);
+  const ModelStateBytes ms = model_state_bytes(params, l, e.training);
   const ActivationBreakdown act = stage_activations(e, stage);
 
   MemoryBreakdown mb;
@@ -182,19 +299,33 @@ MemoryBreakdown stage_memory(const Experiment& e, int64_t stage) {
   mb.grads_bytes = ms.grads_bytes;
   mb.optimizer_bytes = ms.optimizer_bytes;
   mb.activations_bytes = act.total();
-  mb.other_bytes = ms.step_transient_bytes;
-  if (l.zero_stage >= 3) {
-    // Current + prefetched layer, gathered whole over DP x CP (still TP-sharded), 16-bit.
-    const int64_t layers = stage_layer_count(e.model, l, stage);
-    const double gathered_layers = static_cast<double>(std::min<int64_t>(2, layers));
-    mb.other_bytes += gathered_layers * layer_parameters_per_tp_rank(e.model, l.tp) *
-                      bytes_per_parameter(e.training.framework).params;
-  }
+  mb.other_bytes = stage_buffers(e, stage).total();
   mb.peak_bytes = mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes + mb.activations_bytes +
                   mb.other_bytes;
   mb.capacity_bytes = e.cluster.gpu.hbm_bytes - e.cluster.hbm_reserve_bytes;
   mb.fits = mb.peak_bytes <= mb.capacity_bytes;
   return mb;
+}
+
+std::vector<MemoryBreakdown> memory_per_stage(const Experiment& e) {
+  check_layout(e.layout);
+  std::vector<MemoryBreakdown> out;
+  out.reserve(static_cast<size_t>(e.layout.pp));
+  for (int64_t s = 0; s < e.layout.pp; ++s) out.push_back(stage_memory(e, s));
+  return out;
+}
+
+PeakMemory peak_memory(const Experiment& e) {
+  check_layout(e.layout);
+  PeakMemory best;
+  for (int64_t s = 0; s < e.layout.pp; ++s) {
+    MemoryBreakdown mb = stage_memory(e, s);
+    if (s == 0 || mb.peak_bytes > best.memory.peak_bytes) {
+      best.stage = s;
+      best.memory = mb;
+    }
+  }
+  return best;
 }
 
 }  // namespace dtsim

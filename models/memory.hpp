@@ -21,11 +21,28 @@
 //                `single_partition_of_fp32_groups[i].grad = single_grad_partition`, freed
 //                after the step): + 4 B per owned parameter, reported as a transient in
 //                other_bytes (4 P / N; with zero_stage 0 the "partition" is everything).
+// Main-grad dtype (Training.main_grad) sets the grads line: fp32 = 4 B, bf16 = 2 B per
+// parameter, in every convention (the plan reduces gradients of the same dtype). Its default
+// follows the framework (models/experiment_io.cpp): fp32 for megatron (Megatron accumulates and
+// reduces fp32 main grads in bf16 training), bf16 for deepspeed and zero-paper, which gives the
+// published accountings above; an explicit main_grad overrides them (explain says so).
+// DDP gradient buckets: Megatron's buckets are views into its contiguous grad buffer, so they
+// are the grads line and add nothing. DeepSpeed copies gradients into a separate "ipg" bucket
+// of reduce_bucket_size elements (default 5e8, deepspeed/runtime/zero/config.py and the
+// DeepSpeedZeroOptimizer constructor, stage_1_and_2.py) in the 16-bit dtype, two of them when
+// overlap_comm (our training.overlap_grad_reduce) double-buffers: counted in other_bytes.
+// DeepSpeed's own estimator (estimate_zero2_model_states_mem_needs, stage_1_and_2.py) is
+// 2P + 18P/N for ZeRO-2 without offload: 2 (16-bit params) + 18/N (2 16-bit grads + 4 fp32
+// grads + 4 fp32 params + 8 Adam m, v); older releases printed 4P + 16P/N. Our deepspeed
+// convention reproduces 2P + 18P/N as params + grads + optimizer + the fp32 gradient partition
+// (step_transient_bytes); e.g. GPT-J 6B base model (5,844,393,984 parameters, as
+// AutoModel.from_pretrained("EleutherAI/gpt-j-6B") counts them) on 4 GPUs: 35.38 GiB.
 // ZeRO sharding over the gradient-reduction group, N = dp * cp ranks (ZeRO Sec 5, Table 1;
 // Megatron shards its distributed optimizer over DP x CP): stage 1 shards the optimizer
 // state, stage 2 also the gradients, stage 3 also the parameters. Megatron's distributed
 // optimizer is zero_stage 1 (6 + 12/N B/param).
 #include <cstdint>
+#include <vector>
 
 #include "models/experiment.hpp"
 #include "models/result.hpp"
@@ -40,6 +57,11 @@ struct BytesPerParameter {
 };
 /// megatron 2/4/12, zero_paper 2/2/12, deepspeed 2/2/12 (see the header comment).
 BytesPerParameter bytes_per_parameter(Framework f);
+/// As above with the main-grad dtype: grads 4 (fp32) or 2 (bf16) B per parameter.
+BytesPerParameter bytes_per_parameter(Framework f, GradDtype main_grad);
+/// Bytes per gradient element reduced over DP (the grads line before sharding):
+/// bytes_per_parameter(t.framework, t.main_grad).grads.
+double dp_grad_bytes_per_param(const Training& t);
 
 /// Model-state bytes of one rank holding `params` parameters (elements, after TP/PP
 /// sharding), sharded by ZeRO stage `l.zero_stage` over N = l.dp * l.cp ranks.
@@ -55,6 +77,8 @@ struct ModelStateBytes {
 /// E.g. ZeRO Table 1, 7.5B at Nd = 64, zero_paper: stage 0/1/2/3 -> 120 / 31.4 / 16.6 /
 /// 1.88 GB. Throws InputError for params < 0, zero_stage outside 0..3 or dp, cp < 1.
 ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f);
+/// As above with t.framework and t.main_grad (bytes_per_parameter(f, main_grad)).
+ModelStateBytes model_state_bytes(double params, const Layout& l, const Training& t);
 
 /// Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 closed forms, bytes of activations
 /// per transformer layer per (tensor-parallel) rank, for a GPT block (16-bit activations,
@@ -96,19 +120,50 @@ int64_t inflight_microbatches(int64_t pp, int64_t stage, int64_t accumulation);
 /// Korthikanti 2022 Sec 4.2.3: the interleaved 1F1B schedule with v model chunks per stage
 /// makes the first stage hold activations of L(1 + (p-1)/(p v)) layers instead of L.
 /// Returns 1 for v == 1 (plain 1F1B, no interleaving) or p == 1.
-/// Layout has no virtual-pipeline field yet; exposed for checks against the paper.
 double interleaved_activation_factor(int64_t pp, int64_t virtual_stages);
+
+/// What pipeline rank `stage` holds at its activation peak, in model chunks (one chunk = one
+/// micro-batch through L/(p v) layers; v = 1 without interleaving):
+///  - gpipe: all m micro-batches' forwards before any backward: chunks = m.
+///  - 1f1b: warm-up min(p - r - 1, m) forwards, the peak is one more: chunks = min(p - r, m)
+///    (Narayanan 2021 Sec 2.2.1; Korthikanti 2022 Sec 4.2.3).
+///  - interleaved: Megatron-LM's warm-up (core/pipeline_parallel/schedules.py,
+///    forward_backward_pipelining_with_interleaving): warmup = (p - r - 1) * 2 + (v - 1) * p,
+///    capped at m v; chunks = min(warmup + 1, m v). On rank 0 with m v > warmup this is
+///    p v + p - 1 chunks of L/(p v) layers = L (1 + (p-1)/(p v)) layers (Korthikanti Eq. 5 note).
+///  first_chunk_microbatches: how many of those chunks are the rank's first model chunk (the
+///  one that holds the embedding on rank 0); Megatron orders forwards in groups of p
+///  micro-batches per chunk: forward k runs chunk (k mod p v) / p.
+struct PipelineInflight {
+  int64_t warmup = 0;                    // forwards before the first backward
+  int64_t chunks = 0;                    // chunks whose activations are held at the peak
+  int64_t chunk_layers = 0;              // layers per chunk, L / (p v)
+  int64_t first_chunk_microbatches = 0;  // micro-batches of the first chunk among them
+};
+/// `layers` is model.layers. Without interleaving a chunk is the whole stage,
+/// stage_layer_count's (possibly uneven) split; interleaving needs p v | L.
+/// Throws InputError for stage outside [0, pp), accumulation < 1, vp < 1, layers < pp, or
+/// interleaving with p v not dividing `layers`.
+PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation);
 
 /// Activations of one rank of a stage at its peak, bytes.
 struct ActivationBreakdown {
-  int64_t inflight = 0;               // micro-batches held (1F1B)
-  double layers_bytes = 0;            // inflight x stage layers x layer_activation_bytes
+  /// Model chunks held at the peak (pipeline_inflight().chunks): micro-batches for GPipe and
+  /// 1F1B, (micro-batch, virtual stage) pairs for interleaved 1F1B.
+  int64_t inflight = 0;
+  int64_t chunk_layers = 0;           // layers per chunk (stage layers / vp)
+  int64_t stage_layers = 0;           // layers of this pipeline rank (L / pp)
+  int64_t warmup = 0;                 // pipeline warm-up forwards of this rank
+  double per_layer_bytes = 0;         // layer_activation_bytes for one micro-batch
+  double layers_bytes = 0;            // inflight x chunk_layers x per_layer_bytes
+  /// inflight x chunk_layers / stage layers: "micro-batches' worth" of a whole stage.
+  double inflight_microbatches() const;
   /// During the backward of one micro-batch with recompute, one layer's recomputed tensors
   /// are live: full -> a whole layer's no-recompute activations minus its stored input;
   /// selective -> the score term of one layer (0 with FlashAttention).
   double recompute_working_bytes = 0;
-  /// First stage: the 1-byte dropout mask of the embedding output, sbh per micro-batch
-  /// (/t with SP) (Korthikanti Sec 4.3, "sbhp/t").
+  /// First stage: the 1-byte dropout mask of the embedding output, sbh per micro-batch of the
+  /// first chunk (/t with SP) (Korthikanti Sec 4.3, "sbhp/t").
   double embedding_bytes = 0;
   /// Last stage, one micro-batch: final-norm input 2sbh + LM-head input 2sbh (/t with SP)
   /// + fp32 logits for the cross entropy 4 s b V / t (Korthikanti Sec 4.3: 4sbh/t (1+V/h)).
@@ -122,12 +177,45 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage);
 /// Per-rank memory of pipeline stage `stage`:
 ///  params/grads/optimizer: model_state_bytes(stage_parameters_per_rank(...)).
 ///  activations: stage_activations(...).total().
-///  other: ZeRO-3 -> two gathered layers' 16-bit params (current + prefetch, TP-sharded,
-///    whole over the DP x CP group); deepspeed -> the fp32 gradient-partition transient.
-///    DP gradient buckets live inside grads (Megatron's contiguous grad buffer).
-///  peak = sum; capacity = hbm_bytes - hbm_reserve_bytes; fits = peak <= capacity.
+///  other: stage_buffers(...).total().
+///  peak = sum (conservative: DeepSpeed's fp32 gradient partition lives during the optimizer
+///  step, when activations are already freed); capacity = hbm_bytes - hbm_reserve_bytes (the
+///  reserve is the node preset's, topologies/node_presets.cpp: CUDA context + NCCL buffers);
+///  fits = peak <= capacity.
 /// Throws InputError for impossible inputs (see stage_activations, model_state_bytes,
 /// stage_parameters_per_rank).
 MemoryBreakdown stage_memory(const Experiment& e, int64_t stage);
+
+/// The buffers of other_bytes, bytes per rank.
+struct StageBuffers {
+  /// ZeRO-3 (dp * cp > 1): the unit being computed plus the prefetched next one, gathered
+  /// whole over DP x CP (still TP-sharded), 16-bit: the larger of two layers, the embedding
+  /// + one layer (first stage) and the LM head + one layer (last stage).
+  double zero3_gathered_bytes = 0;
+  /// DeepSpeed's ipg gradient buckets (see the header comment): buffers x bucket elements x
+  /// 2 B, bucket = training.grad_bucket / 2 B or the 5e8-element default; 2 buffers when
+  /// overlap_grad_reduce and pp == 1 (DeepSpeed's pipeline engine allocates one), else 1;
+  /// ZeRO-0 flattens at most the stage's gradients. 0 for megatron (views into the grads
+  /// buffer) and zero_paper (Table 1 counts no buffers).
+  double grad_bucket_bytes = 0;
+  /// DeepSpeed's fp32 gradient partition during the optimizer step
+  /// (ModelStateBytes::step_transient_bytes).
+  double step_transient_bytes = 0;
+  double total() const { return zero3_gathered_bytes + grad_bucket_bytes + step_transient_bytes; }
+};
+StageBuffers stage_buffers(const Experiment& e, int64_t stage);
+
+// ---- memory-only path, for sweeps (no plan is built; microseconds per layout) ----
+
+/// stage_memory of every pipeline stage, in stage order. The experiment is used as given
+/// (load_experiment has validated it); impossible inputs still throw InputError.
+std::vector<MemoryBreakdown> memory_per_stage(const Experiment& e);
+/// The stage with the largest peak_bytes (the first one on ties); its `fits` says whether
+/// the layout fits at all.
+struct PeakMemory {
+  int64_t stage = 0;
+  MemoryBreakdown memory;
+};
+PeakMemory peak_memory(const Experiment& e);
 
 }  // namespace dtsim

@@ -35,6 +35,7 @@ const char* to_string(ReduceOp r) {
     case ReduceOp::none: return "none";
     case ReduceOp::sum: return "SUM";
     case ReduceOp::avg: return "AVG";
+    case ReduceOp::max: return "MAX";
   }
   return "?";
 }
@@ -124,7 +125,10 @@ class Builder {
     op.flops = flops;
     op.bytes = bytes;
     op.kernels = kernels;
-    op.time_s = compute_time(op, e_.cluster.gpu, e_.training.dtype, attention_work);
+    // Calibrated profile (cluster.gpu.profile) when it has the kernel, else the roofline.
+    const ComputeTime ct = compute_time(op, e_, attention_work);
+    op.time_s = ct.seconds;
+    op.time_source = ct.source;
     op.chunk = cur_chunk_;
     sp_.ops.push_back(op);
   }
@@ -211,6 +215,8 @@ class Builder {
       case GroupKind::DP: return l_.dp;
       case GroupKind::PP: return l_.pp;
       case GroupKind::DPxCP: return l_.dp * l_.cp;
+      case GroupKind::EMB:
+        return l_.pp > 1 && (sp_.stage == 0 || sp_.stage == l_.pp - 1) ? 2 : 1;
     }
     return 1;
   }
@@ -334,10 +340,12 @@ class Builder {
     dropout_residual("dropout_residual", ph, layer, mb);
   }
 
-  /// Backward of a column-parallel input region: with SP the weight gradient needs the
-  /// all-gathered input again, gathered while the input gradient is computed (Korthikanti
-  /// 2022 Sec 4.2.2); the input gradients are summed over TP (AllReduce, or ReduceScatter
-  /// back to the sequence shards with SP).
+  /// Backward of a column-parallel input region, as Megatron-LM's
+  /// LinearWithGradAccumulationAndAsyncCommunication does it (tensor_parallel/layers.py;
+  /// Korthikanti 2022 Sec 4.2.2): with SP the all-gathered input is gathered again while
+  /// the input gradient is computed; then the input gradient is summed over TP
+  /// (ReduceScatter back to the sequence shards with SP, AllReduce without) asynchronously
+  /// while the weight gradient is computed, and waited for after it.
   template <class Dgrad, class Wgrad>
   void column_parallel_backward(int layer, int mb, Dgrad dgrad, Wgrad wgrad) {
     const Phase ph = Phase::backward;
@@ -347,9 +355,11 @@ class Builder {
                        kAct * b_ * s_ * h_);
     dgrad();
     wait(regather, CommKind::TP, layer, mb, ph);
+    const int reduce = issue(sp_on_ ? "tp_reducescatter" : "tp_allreduce", ph, layer, mb, CommKind::TP,
+                             sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP,
+                             kAct * b_ * s_ * h_);
     wgrad();
-    collective(sp_on_ ? "tp_reducescatter" : "tp_allreduce", ph, layer, mb, CommKind::TP,
-               sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * b_ * s_ * h_);
+    wait(reduce, CommKind::TP, layer, mb, ph);
   }
 
   void layer_backward(int layer, int mb) {
@@ -409,11 +419,14 @@ class Builder {
     gemm("lm_head", Phase::forward, -1, mb, lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_,
          tok, V_ / t_, h_);
     compute("cross_entropy", Phase::forward, -1, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * V_ / t_, 3);
-    // Vocab-parallel cross entropy: max, sum of exp and target logit summed over TP
-    // (Megatron-LM tensor_parallel/cross_entropy.py), fp32 per token.
-    for (int i = 0; i < 3; ++i)
-      collective("tp_allreduce_loss", Phase::forward, -1, mb, CommKind::TP, Collective::AllReduce, GroupKind::TP,
-                 4.0 * tok);
+    // Vocab-parallel cross entropy (Megatron-LM tensor_parallel/cross_entropy.py): the
+    // logits' maximum (MAX), then the target logit and the sum of exponentials (SUM),
+    // fp32 per token.
+    for (int i = 0; i < 3; ++i) {
+      collective(i == 0 ? "tp_allreduce_loss_max" : "tp_allreduce_loss", Phase::forward, -1, mb, CommKind::TP,
+                 Collective::AllReduce, GroupKind::TP, 4.0 * tok);
+      if (i == 0 && !sp_.ops.empty() && sp_.ops.back().type == OpType::collective) sp_.ops.back().reduce = ReduceOp::max;
+    }
   }
   void head_backward(int mb) {
     const double tok = b_ * s_;
@@ -475,8 +488,13 @@ class Builder {
     const int64_t vs = c * p + sp_.stage;
     Chunk ch;
     ch.index = c;
-    ch.layers = m_.layers / (p * v);
-    ch.first_layer = vs * ch.layers;
+    if (v == 1) {  // possibly uneven stages (models/flops.hpp stage_layer_count)
+      ch.layers = sp_.layers;
+      ch.first_layer = sp_.first_layer;
+    } else {       // interleaving requires pp * vp | layers (validated)
+      ch.layers = m_.layers / (p * v);
+      ch.first_layer = vs * ch.layers;
+    }
     ch.first = vs == 0;
     ch.last = vs == p * v - 1;
     return ch;
@@ -629,6 +647,14 @@ class Builder {
       flush_bucket(last_layer, mb);
     }
     for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
+    // Tied word embedding with pp > 1: the first and last stages each hold a copy and
+    // SUM their gradients before the optimizer (Megatron-LM
+    // _allreduce_word_embedding_grads, over the embedding group), fp32 main grads.
+    if (m_.tied_embeddings && l_.pp > 1 && (sp_.stage == 0 || sp_.stage == l_.pp - 1))
+      collective("embedding_grad_allreduce", Phase::optimizer, -1, mb, CommKind::DP, Collective::AllReduce,
+                 GroupKind::EMB, static_cast<double>(m_.vocab * m_.hidden) / t_ * shape_.grad_bytes_per_param);
+    if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "embedding_grad_allreduce")
+      sp_.ops.back().reduce = ReduceOp::sum;  // two copies' partial gradients of one weight
     // Optimizer: HBM-bound fused Adam over the parameters this rank owns.
     const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
     sp_.optimizer_params = owned;
@@ -674,12 +700,11 @@ StepPlan build_step_plan(const Experiment& exp) {
       exp.training.grad_bucket_bytes > 0
           ? exp.training.grad_bucket_bytes / static_cast<double>(plan.shape.grad_bytes_per_param)
           : std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
-  const int64_t per_stage = exp.model.layers / l.pp;
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan sp;
     sp.stage = s;
-    sp.first_layer = s * per_stage;
-    sp.layers = per_stage;
+    sp.first_layer = stage_first_layer(exp.model, l, s);
+    sp.layers = stage_layer_count(exp.model, l, s);
     sp.params_per_rank = stage_parameters_per_rank(exp.model, l, exp.training.seq_len, s);
     sp.grad_sync_bytes = sp.params_per_rank * static_cast<double>(plan.shape.grad_bytes_per_param);
     Builder b(exp, sp, plan.shape);

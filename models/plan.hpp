@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "models/calibration/profile.hpp"
 #include "models/experiment.hpp"
 #include "models/rank_grid.hpp"
 
@@ -39,8 +40,9 @@ const char* to_string(Collective);
 /// Reduce operation of a collective (MATH.md section 2): TP partial outputs and input
 /// grads are SUMmed, never divided by TP; CP dK/dV are SUMmed at their owners; DP
 /// gradients are AVeraGed (equal-size local means; with unequal valid tokens, a SUM of
-/// token sums divided by the global count, which the verifier checks). AllGather: none.
-enum class ReduceOp { none, sum, avg };
+/// token sums divided by the global count, which the verifier checks); the loss's logit
+/// maximum is a MAX. AllGather: none.
+enum class ReduceOp { none, sum, avg, max };
 const char* to_string(ReduceOp);
 /// SUM for TP/CP/PP reductions, AVG for DP gradients, none for AllGather.
 ReduceOp reduce_op_for(CommKind kind, Collective c);
@@ -74,6 +76,7 @@ struct Op {
   double flops = 0;       // FLOPs executed by this rank
   double bytes = 0;       // HBM bytes moved by this rank
   double time_s = 0;      // filled by the compute cost model
+  calib::TimeSource time_source = calib::TimeSource::roofline;  // where time_s came from
   int32_t kernels = 1;    // kernel launches this op stands for
 
   // collective / issue / wait

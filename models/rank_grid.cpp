@@ -16,6 +16,7 @@ const char* to_string(GroupKind k) {
     case GroupKind::DP: return "DP";
     case GroupKind::PP: return "PP";
     case GroupKind::DPxCP: return "DPxCP";
+    case GroupKind::EMB: return "EMB";
   }
   return "?";
 }
@@ -75,6 +76,17 @@ std::vector<int64_t> RankGrid::group_of(int64_t rank, GroupKind kind) const {
           out.push_back(rank_of(c));
         }
       break;
+    case GroupKind::EMB: {
+      if (l_.pp > 1 && (base.pp == 0 || base.pp == l_.pp - 1)) {
+        RankCoord first = base, last = base;
+        first.pp = 0;
+        last.pp = l_.pp - 1;
+        out = {rank_of(first), rank_of(last)};
+      } else {
+        out = {rank};
+      }
+      break;
+    }
   }
   return out;
 }

@@ -11,7 +11,10 @@
 
 namespace dtsim {
 
-enum class GroupKind { TP, CP, DP, PP, DPxCP };
+/// EMB: Megatron's embedding group, the ranks of the first and the last pipeline stage
+/// with the same TP/CP/DP coordinates, which all-reduce the gradient of a tied word
+/// embedding (each holds a copy); a rank of a middle stage forms a group of its own.
+enum class GroupKind { TP, CP, DP, PP, DPxCP, EMB };
 const char* to_string(GroupKind);
 
 struct RankCoord {

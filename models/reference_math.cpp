@@ -1,5 +1,6 @@
 #include "models/reference_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -159,6 +160,12 @@ AdamStepResult adam_step(const Vector& params, const Vector& grad, AdamState& st
 
 std::vector<Vector> all_reduce(const std::vector<Vector>& per_rank, ReduceOp op) {
   check_ranks(per_rank, "all_reduce");
+  if (op == ReduceOp::max) {
+    Vector acc = per_rank.front();
+    for (const auto& v : per_rank)
+      for (size_t i = 0; i < v.size(); ++i) acc[i] = std::max(acc[i], v[i]);
+    return std::vector<Vector>(per_rank.size(), acc);
+  }
   Vector acc(per_rank.front().size(), 0.0);
   for (const auto& v : per_rank)
     for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];

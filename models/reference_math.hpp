@@ -71,7 +71,8 @@ struct AdamStepResult {
 AdamStepResult adam_step(const Vector& params, const Vector& grad, AdamState& state, const AdamHyper& hp);
 
 /// Collectives over `n` ranks, each holding an equal-length vector (rank-major input).
-enum class ReduceOp { sum, avg };
+/// max: element-wise maximum (the vocab-parallel cross entropy's logit maximum).
+enum class ReduceOp { sum, avg, max };
 /// Every rank receives the element-wise reduction.
 std::vector<Vector> all_reduce(const std::vector<Vector>& per_rank, ReduceOp op);
 /// Rank r receives the reduction of chunk r (length must divide by n).

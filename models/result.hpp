@@ -35,6 +35,9 @@ struct StageResult {
   double compute_s = 0;      // busy time of the compute stream
   double bubble_s = 0;       // idle waiting on the pipeline schedule (not on transfers)
   double finish_s = 0;       // time its last operation (optimizer) completed
+  /// Extra kernel time because communication overlapped compute and took SMs from it
+  /// (Training::comm_interference): actual minus nominal kernel time.
+  double slowdown_s = 0;
   std::map<std::string, CommStats> comm;  // keyed "TP", "CP", "PP", "DP"
   MemoryBreakdown memory;
 };

@@ -10,7 +10,9 @@
 namespace dtsim {
 
 /// Streams of a rank, one timeline row each.
-enum class TraceStream { compute = 0, tp = 1, cp = 2, pp = 3, dp = 4 };
+/// PP sends and receives get a row each: a receive's transfer may overlap the rank's own
+/// send (links are full duplex).
+enum class TraceStream { compute = 0, tp = 1, cp = 2, pp = 3, dp = 4, pp_recv = 5 };
 const char* to_string(TraceStream);
 
 struct TraceEvent {

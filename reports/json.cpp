@@ -42,6 +42,7 @@ nlohmann::json stage_json(const StageResult& s) {
           {"compute_s", s.compute_s},
           {"bubble_s", s.bubble_s},
           {"finish_s", s.finish_s},
+          {"slowdown_s", s.slowdown_s},
           {"comm", comm_map_json(s.comm)},
           {"memory", memory_json(s.memory)}};
 }

@@ -52,6 +52,7 @@ StepResult result_from_json_text(const std::string& text) {
       sr.compute_s = s.at("compute_s").get<double>();
       sr.bubble_s = s.at("bubble_s").get<double>();
       sr.finish_s = s.at("finish_s").get<double>();
+      sr.slowdown_s = s.at("slowdown_s").get<double>();
       sr.comm = comm_map(s.at("comm"));
       const auto& m = s.at("memory");
       sr.memory.params_bytes = m.at("params_bytes").get<double>();

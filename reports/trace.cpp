@@ -9,7 +9,8 @@ const char* to_string(TraceStream s) {
     case TraceStream::compute: return "compute";
     case TraceStream::tp: return "TP comm";
     case TraceStream::cp: return "CP comm";
-    case TraceStream::pp: return "PP send/recv";
+    case TraceStream::pp: return "PP send";
+    case TraceStream::pp_recv: return "PP recv";
     case TraceStream::dp: return "DP comm";
   }
   return "?";
@@ -23,7 +24,7 @@ nlohmann::json trace_to_json(const Trace& trace) {
     events.push_back({{"ph", "M"}, {"pid", p.rank}, {"tid", 0}, {"name", "process_name"}, {"args", {{"name", label}}}});
     events.push_back(
         {{"ph", "M"}, {"pid", p.rank}, {"tid", 0}, {"name", "process_sort_index"}, {"args", {{"sort_index", p.rank}}}});
-    for (int s = 0; s <= static_cast<int>(TraceStream::dp); ++s)
+    for (int s = 0; s <= static_cast<int>(TraceStream::pp_recv); ++s)
       events.push_back({{"ph", "M"},
                         {"pid", p.rank},
                         {"tid", s},

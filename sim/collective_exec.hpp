@@ -1,15 +1,20 @@
 #pragma once
-// Collectives executed as flows on the platform (internal to sim/: includes SimGrid).
+// Collectives executed on the platform (internal to sim/: includes SimGrid).
 //
-// NCCL's ring algorithm as one bulk flow per ring edge carrying the edge volume
-// (2(n-1)/n S for AllReduce, (n-1)/n S for ReduceScatter/AllGather; models/plan.hpp
-// ring_cost), then steps x alpha of latency. Exact against the alpha-beta ring formula
-// without contention and within 0.25% of per-message simulation under contention
-// (../shared/design/SIMGRID.md, "Speed").
+// execute_collective picks the algorithm and protocol as NCCL's tuner does (or as
+// cluster.collectives forces; sim/collectives/tuner.hpp) and runs its traffic plan
+// (sim/collectives/collective.hpp): per phase, the inter-node transfers as bulk flows on the
+// links of the topology (so concurrent collectives share NICs and switch uplinks), the
+// intra-node NVLink part as a closed-form sleep running alongside them (uncontended inside a
+// node: every GPU has its own NVSwitch ports), then the phase's latency terms as a sleep.
+// Alone on a non-blocking fabric this reproduces the algorithm's closed form exactly
+// (tests/unit/test_collectives.cpp); one bulk flow per transfer is within 0.25% of
+// per-message simulation under contention (../shared/design/SIMGRID.md, "Speed").
 #include <cstdint>
 #include <vector>
 
 #include "models/plan.hpp"
+#include "sim/collectives/tuner.hpp"
 #include "sim/platform.hpp"
 
 namespace dtsim::simgrid_engine {
@@ -17,18 +22,43 @@ namespace dtsim::simgrid_engine {
 /// How a folded simulation stands for the ranks it does not simulate.
 struct FoldPolicy {
   /// Simulate one representative per stage. Its groups' flows then stand for the
-  /// symmetric groups: an intra-node ring launches one edge (all edges alike); a ring
-  /// that crosses nodes launches all its edges; bytes crossing a shared NIC are scaled by
-  /// the GPUs sharing it (they move the same traffic at the same time).
+  /// symmetric groups on the same nodes (every GPU of a node runs the same schedule): on a
+  /// non-blocking fabric, bytes crossing a NIC are scaled by the GPUs sharing it that are not
+  /// in the group (they move the same traffic at the same time); on a fabric with switch
+  /// uplinks, the flows of those sibling groups are launched too, so uplinks see them all.
   bool fold = true;
 };
 
-/// Bytes a flow from GPU `src` to GPU `dst` carries for `bytes` of payload under `fold`.
+/// Bytes a P2P flow from GPU `src` to GPU `dst` carries for `bytes` of payload under `fold`
+/// (inter-node on a non-blocking fabric: scaled by the GPUs sharing the NIC; on a fabric
+/// with switch uplinks the siblings are separate flows, see launch_fold_siblings).
 double flow_bytes(const Platform& p, const FoldPolicy& fold, int64_t src, int64_t dst, double bytes);
 
-/// Runs one collective over `members` (ascending global ranks = ring order) in the
-/// calling actor and returns when its last flow and latency term are done.
+/// Under `fold`, on a fabric with switch uplinks, for an inter-node P2P transfer of `bytes`
+/// from `src` to `dst`: starts (detached) the same transfer of every other GPU of src's
+/// pipeline stage on its node (src+o -> dst+o, `stage_size` consecutive ranks per stage), so
+/// NICs and uplinks carry what the unsimulated ranks send at the same time. No-op otherwise.
+void launch_fold_siblings(const Platform& p, const FoldPolicy& fold, int64_t src, int64_t dst, double bytes,
+                          int64_t stage_size);
+
+/// Runs one collective over `members` (global ranks = GPUs, ascending = ring order) in the
+/// calling actor and returns when its last flow and latency term are done. `size_bytes` as
+/// in nccl-tests (models/plan.hpp Op::size_bytes). The algorithm/protocol: `want` when
+/// given (strict: InputError if it cannot run), else the platform's cluster.collectives
+/// (falls back to the automatic choice where the named algorithm cannot run). Returns the
+/// choice made.
+collectives::Choice execute_collective(const Platform& p, const FoldPolicy& fold, const std::vector<int64_t>& members,
+                                       collectives::CollOp op, double size_bytes,
+                                       const CollectiveChoice* want = nullptr);
+
+/// The engine's entry point: AllReduce, ReduceScatter or AllGather with the platform's
+/// choice. ReduceOp (SUM/AVG) does not change the cost: NCCL's ncclAvg is a SUM with the
+/// division folded into the same kernel (NCCL 2.10 release notes, ncclAvg).
 void execute_collective(const Platform& p, const FoldPolicy& fold, const std::vector<int64_t>& members,
-                        Collective c, double size_bytes);
+                        Collective c, double size_bytes, ReduceOp op = ReduceOp::sum);
+
+/// Runs a traffic plan for group `g` (used by execute_collective and tests).
+void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::GroupLayout& g,
+                 const collectives::TrafficPlan& plan);
 
 }  // namespace dtsim::simgrid_engine

@@ -8,9 +8,10 @@
 namespace dtsim {
 
 struct EngineOptions {
-  /// Simulate one representative rank per pipeline stage and let its collectives drive
-  /// the flows of the group edges it owns. Exact on a symmetric non-blocking fabric
-  /// (tests/unit/test_engine.cpp checks folded == unfolded on small clusters).
+  /// Simulate one representative rank per pipeline stage; its collectives and sends stand
+  /// for the symmetric ranks' (sim/collective_exec.hpp FoldPolicy). tests/unit/
+  /// test_engine.cpp checks folded == unfolded on small clusters (exact, or within 1%
+  /// where pipeline and TP traffic share an NVLink port, e.g. interleaved schedules).
   bool fold = true;
   /// Record a timeline (one event per kernel, collective, transfer and wait). Kernels are
   /// then simulated one by one instead of in runs, which is slower.

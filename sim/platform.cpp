@@ -6,78 +6,84 @@
 #include <algorithm>
 #include <string>
 
+#include "models/errors.hpp"
+#include "sim/collectives/registry.hpp"
+
 namespace sg4 = simgrid::s4u;
 namespace sgk = simgrid::kernel;
 
 namespace dtsim::simgrid_engine {
 namespace {
 
-
-/// Flat zone: routes from host indices (GPU g is host g, NetPoint id g).
-class GpuZone : public sgk::routing::NetZoneImpl {
+/// Flat zone: GPU g is host g (NetPoint id g); routes come from the topology graph.
+class GraphZone : public sgk::routing::NetZoneImpl {
  public:
-  GpuZone(const std::string& name, int64_t gpus_per_node, int64_t gpus_per_nic)
-      : NetZoneImpl(name), gpn_(gpus_per_node), gpus_per_nic_(gpus_per_nic) {}
-  std::vector<sgk::resource::StandardLinkImpl*> nv_up, nv_down, nic_up, nic_down;
+  GraphZone(const std::string& name, std::shared_ptr<const Topology> topo)
+      : NetZoneImpl(name), topo_(std::move(topo)) {}
+  std::vector<sgk::resource::StandardLinkImpl*> links;  // by Topology link index
 
   void get_local_route(const sgk::routing::NetPoint* src, const sgk::routing::NetPoint* dst,
                        sgk::routing::Route* into, double* latency) override {
-    const auto s = static_cast<int64_t>(src->id()), d = static_cast<int64_t>(dst->id());
-    if (s == d) return;
-    if (s / gpn_ == d / gpn_) {
-      into->link_list_.push_back(nv_up[s]);
-      into->link_list_.push_back(nv_down[d]);
-    } else {
-      into->link_list_.push_back(nic_up[s / gpus_per_nic_]);
-      into->link_list_.push_back(nic_down[d / gpus_per_nic_]);
-    }
-    if (latency) *latency += 2 * kLinkLatency;
+    scratch_.clear();
+    topo_->route(static_cast<int64_t>(src->id()), static_cast<int64_t>(dst->id()), scratch_);
+    for (int64_t l : scratch_) into->link_list_.push_back(links[static_cast<size_t>(l)]);
+    if (latency) *latency += static_cast<double>(scratch_.size()) * kLinkLatency;
   }
 
  private:
-  int64_t gpn_, gpus_per_nic_;
+  std::shared_ptr<const Topology> topo_;
+  std::vector<int64_t> scratch_;
 };
 
 }  // namespace
 
+const std::vector<std::pair<std::string, std::string>>& model_flags() {
+  static const std::vector<std::pair<std::string, std::string>> flags = {
+      {"network/model", "CM02"},
+      {"network/crosstraffic", "0"},
+      {"network/TCP-gamma", "1e15"},
+      {"network/bandwidth-factor", "1.0"},
+      {"network/latency-factor", "1.0"},
+      {"network/weight-S", "0"},
+      {"maxmin/precision", "1e-9"},
+  };
+  return flags;
+}
+
 Platform build_platform(const ClusterSpec& c) {
+  // The collective override is checked here, before any actor runs (the parser checks it
+  // too; this covers clusters built in code).
+  if (c.collectives.algorithm != "auto" && !collectives::find_algorithm(c.collectives.algorithm))
+    throw InputError("cluster.collectives.algorithm=\"" + c.collectives.algorithm +
+                     "\" is not a collective algorithm (valid: auto, " + collectives::algorithm_list() + ")");
+  if (c.collectives.protocol != "auto" && !collectives::parse_protocol(c.collectives.protocol))
+    throw InputError("cluster.collectives.protocol=\"" + c.collectives.protocol +
+                     "\" is not a protocol (valid: auto, simple, ll, ll128)");
+  auto topo = std::make_shared<const Topology>(c);
   Platform p;
-  p.gpus_per_node = c.gpus_per_node;
-  p.gpus_per_nic = std::max<int64_t>(1, c.gpus_per_node / std::max<int64_t>(1, c.nics_per_node));
+  p.gpus_per_node = topo->gpus_per_node();
+  p.gpus_per_nic = topo->gpus_per_nic();
   p.nvlink = c.nvlink;
   p.nic = c.nic;
-  const int64_t gpn_ = p.gpus_per_node, gpus_per_nic_ = p.gpus_per_nic;
-  const int64_t gpus = c.gpus();
-  auto* zone = new GpuZone("cluster", gpn_, gpus_per_nic_);
+  p.topology = topo;
+  p.model = collectives::CommModel::of(c);
+  p.collectives = c.collectives;
+  auto* zone = new GraphZone("cluster", topo);
   zone->set_parent(nullptr);
-  const double nv_bw = c.nvlink.bandwidth * c.nvlink.efficiency;
-  const double nic_bw = c.nic.bandwidth * c.nic.efficiency;
   // Host speed is unused (GPU kernels are timed by the cost model and run as sleeps).
-  for (int64_t g = 0; g < gpus; ++g) {
-    p.hosts.push_back(zone->create_host("gpu" + std::to_string(g), {1e9}));
-    auto* up = zone->create_link("nvup" + std::to_string(g), {nv_bw});
-    up->set_latency(kLinkLatency);
-    up->seal();
-    auto* down = zone->create_link("nvdown" + std::to_string(g), {nv_bw});
-    down->set_latency(kLinkLatency);
-    down->seal();
-    zone->nv_up.push_back(up->get_impl());
-    zone->nv_down.push_back(down->get_impl());
-  }
-  const int64_t nics = (gpus + gpus_per_nic_ - 1) / gpus_per_nic_;
-  for (int64_t n = 0; n < nics; ++n) {
-    auto* up = zone->create_link("nicup" + std::to_string(n), {nic_bw});
-    up->set_latency(kLinkLatency);
-    up->seal();
-    auto* down = zone->create_link("nicdown" + std::to_string(n), {nic_bw});
-    down->set_latency(kLinkLatency);
-    down->seal();
-    zone->nic_up.push_back(up->get_impl());
-    zone->nic_down.push_back(down->get_impl());
+  for (int64_t g = 0; g < topo->gpus(); ++g) p.hosts.push_back(zone->create_host("gpu" + std::to_string(g), {1e9}));
+  zone->links.reserve(topo->links().size());
+  for (const TopoLink& l : topo->links()) {
+    // A link of no capacity (the placeholder NIC of a one-node cluster without NICs) gets a
+    // nominal 1 B/s: nothing is ever routed over it.
+    auto* link = zone->create_link(std::string(to_string(l.kind)) + std::to_string(l.index),
+                                   {l.bandwidth > 0 ? l.bandwidth : 1.0});
+    link->set_latency(kLinkLatency);
+    link->seal();
+    zone->links.push_back(link->get_impl());
   }
   zone->seal();
   return p;
 }
-
 
 }  // namespace dtsim::simgrid_engine

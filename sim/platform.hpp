@@ -1,19 +1,23 @@
 #pragma once
 // The SimGrid platform of a cluster (internal to sim/: includes SimGrid).
 //
-// Non-blocking fabric: every GPU is a host with an NVLink up and down link into its
-// node's NVSwitch; every NIC has an up and down link into the fabric. A route inside a
-// node is [nvlink_up(src), nvlink_down(dst)]; between nodes [nic_up(nic(src)),
-// nic_down(nic(dst))]. Routes are computed from host indices by a flat custom zone
-// (../shared/design/SIMGRID.md: per-GPU NICs cannot be expressed with zone gateways;
-// nested zones are slow at 16K GPUs). Link bandwidth = line rate x NCCL efficiency of the
-// link class (topologies/node_presets.cpp cites both).
+// Built from the cluster's graph (topologies/topology.hpp): every GPU is a host, every
+// constrained edge of the graph one SimGrid link (NVLink up/down per GPU, NIC up/down per
+// NIC, leaf and pod uplinks of the fabric), with bandwidth = line rate x NCCL efficiency.
+// Routes are the graph's (Topology::route), computed from host indices by a flat custom
+// zone (../shared/design/SIMGRID.md: per-GPU NICs cannot be expressed with zone gateways;
+// nested zones are slow at 16K GPUs).
 #include <simgrid/s4u.hpp>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "models/experiment.hpp"
+#include "sim/collectives/collective.hpp"
+#include "topologies/topology.hpp"
 
 namespace dtsim::simgrid_engine {
 
@@ -21,18 +25,27 @@ namespace dtsim::simgrid_engine {
 /// collective latency terms are added as sleeps (SIMGRID.md, "Model flags"). Seconds.
 inline constexpr double kLinkLatency = 1e-9;
 
+/// SimGrid configuration every dtsim engine sets (SIMGRID.md "Model flags"): CM02 without
+/// cross-traffic, TCP-gamma out of the way, bandwidth and latency factors 1, so a flow of S
+/// bytes alone on a link of bandwidth B takes S/B.
+const std::vector<std::pair<std::string, std::string>>& model_flags();
+
 struct Platform {
   std::vector<simgrid::s4u::Host*> hosts;  // GPU g is hosts[g]
   int64_t gpus_per_node = 1;
   int64_t gpus_per_nic = 1;
   LinkSpec nvlink, nic;
+  std::shared_ptr<const Topology> topology;  // the graph routes come from
+  collectives::CommModel model;              // link figures of the collective cost models
+  CollectiveChoice collectives;              // cluster.collectives (algorithm/protocol override)
   bool same_node(int64_t a, int64_t b) const { return a / gpus_per_node == b / gpus_per_node; }
   /// Per-step latency (alpha) of a transfer between two GPUs, seconds.
   double alpha(bool intra_node) const { return intra_node ? nvlink.latency : std::max(nvlink.latency, nic.latency); }
 };
 
 /// Builds the cluster's hosts and links in the current SimGrid engine (call once, after
-/// the engine is created and before it runs).
+/// the engine is created and before it runs). Throws InputError when the fabric does not
+/// fit the cluster (topologies/topology.hpp).
 Platform build_platform(const ClusterSpec& cluster);
 
 }  // namespace dtsim::simgrid_engine

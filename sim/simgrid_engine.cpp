@@ -49,6 +49,7 @@ namespace {
 using simgrid_engine::build_platform;
 using simgrid_engine::execute_collective;
 using simgrid_engine::flow_bytes;
+using simgrid_engine::launch_fold_siblings;
 using simgrid_engine::FoldPolicy;
 using simgrid_engine::Platform;
 
@@ -59,7 +60,7 @@ std::string fmt_number(double v) {
 }
 
 struct Stats {
-  double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0;
+  double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0, slowdown_s = 0;
   std::array<CommStats, kCommKinds> comm{};
 };
 
@@ -95,6 +96,7 @@ struct RankState {
   sg4::SemaphorePtr collective;   // released when a collective it waits in completes
   std::array<Stream, kCommKinds> streams;
   std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
+  std::vector<sg4::CommPtr> sends;  // P2P sends in flight or done (timed at the end)
   Stats stats;
 };
 
@@ -286,6 +288,7 @@ void Simulation::run_kernels(RankState& rs, double seconds) {
   // models/compute_cost.hpp): the remaining work is re-timed whenever a stream starts or
   // stops.
   double work = seconds;
+  const double begin = sg4::Engine::get_clock();
   while (work > 1e-15) {
     const double speed = rs.active_streams > 0 ? overlap_speed_ : 1.0;
     const double start = sg4::Engine::get_clock();
@@ -295,6 +298,7 @@ void Simulation::run_kernels(RankState& rs, double seconds) {
     if (finished) break;
     work -= (sg4::Engine::get_clock() - start) * speed;
   }
+  rs.stats.slowdown_s += (sg4::Engine::get_clock() - begin) - seconds;
 }
 
 void Simulation::wait_handle(RankState& rs, const Op& op) {
@@ -318,10 +322,22 @@ void Simulation::send(RankState& rs, const Op& op) {
   msg->micro_batch = op.micro_batch;
   msg->chunk = op.chunk;
   auto* mb = mailbox(dst, op.dir);
-  mb->put_init(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes)))->detach();
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
   cs.bytes += op.size_bytes;
   cs.operations++;
+  rs.sends.push_back(mb->put_async(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes))));
+  // Folded on a fabric with switch uplinks: the folded ranks' identical sends load the
+  // uplinks as separate flows (sim/collective_exec.hpp).
+  launch_fold_siblings(platform_, fold_, rs.rank, dst, op.size_bytes, stage_size_);
+  if (!plan_.exp.training.overlap_p2p) {
+    // Megatron waits on its isend (batch_isend_irecv + wait): the compute stream blocks
+    // until the bytes arrived.
+    const double t0 = sg4::Engine::get_clock();
+    rs.sends.back()->wait();
+    cs.exposed_s += sg4::Engine::get_clock() - t0;
+    record(rs, TraceStream::pp, op, "PP", t0);
+  }
+
 }
 
 void Simulation::recv(RankState& rs, const Op& op) {
@@ -349,7 +365,6 @@ void Simulation::recv(RankState& rs, const Op& op) {
   const double start = std::max(t0, msg->posted_at);
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
   cs.exposed_s += t1 - start;
-  cs.total_s += t1 - msg->posted_at;
   rs.stats.bubble_s += start - t0;
   if (opts_.trace) {
     const double now = sg4::Engine::get_clock();
@@ -364,7 +379,7 @@ void Simulation::recv(RankState& rs, const Op& op) {
       bubble.chunk = op.chunk;
       opts_.trace->events.push_back(bubble);
     }
-    record(rs, TraceStream::pp, op, "PP", msg->posted_at);
+    record(rs, TraceStream::pp_recv, op, "PP", msg->posted_at);
     (void)now;
   }
 }
@@ -429,6 +444,13 @@ void Simulation::compute_actor(RankState& rs) {
   }
   flush();
   rs.stats.finish_s = sg4::Engine::get_clock();
+  // PP total: the time each send's bytes were moving (start to finish of the transfer).
+  if (!rs.sends.empty()) {
+    sg4::Comm::wait_all(rs.sends);
+    for (const auto& c : rs.sends)
+      rs.stats.comm[static_cast<int>(CommKind::PP)].total_s += c->get_finish_time() - c->get_start_time();
+    rs.sends.clear();
+  }
 }
 
 StepResult Simulation::run() {
@@ -438,17 +460,8 @@ StepResult Simulation::run() {
   char arg0[] = "dtsim";
   char* argv[] = {arg0, nullptr};
   sg4::Engine engine(&argc, argv);
-  const std::vector<std::pair<std::string, std::string>> flags = {
-      {"network/model", "CM02"},
-      {"network/crosstraffic", "0"},
-      {"network/TCP-gamma", "1e15"},
-      {"network/bandwidth-factor", "1.0"},
-      {"network/latency-factor", "1.0"},
-      {"network/weight-S", "0"},
-      {"maxmin/precision", "1e-9"},
-  };
   StepResult res;
-  for (const auto& [k, v] : flags) {
+  for (const auto& [k, v] : simgrid_engine::model_flags()) {
     sg4::Engine::set_config(k + ":" + v);
     res.engine_config[k] = v;
   }
@@ -521,6 +534,7 @@ StepResult Simulation::run() {
       sum.bubble_s += rs->stats.bubble_s;
       sum.finish_s = std::max(sum.finish_s, rs->stats.finish_s);
       sum.optimizer_s += rs->stats.optimizer_s;
+      sum.slowdown_s += rs->stats.slowdown_s;
       for (int k = 0; k < kCommKinds; ++k) {
         sum.comm[k].total_s += rs->stats.comm[k].total_s;
         sum.comm[k].exposed_s += rs->stats.comm[k].exposed_s;
@@ -535,6 +549,7 @@ StepResult Simulation::run() {
     // finishes while gradients drain towards the first): (p-1)(t_f+t_b) per stage in 1F1B.
     sr.bubble_s = sum.bubble_s * inv + (res.step_time_s - sum.finish_s);
     sr.finish_s = sum.finish_s;
+    sr.slowdown_s = sum.slowdown_s * inv;
     for (int k = 0; k < kCommKinds; ++k) {
       CommStats cs;
       cs.total_s = sum.comm[k].total_s * inv;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
@@ -40,6 +41,19 @@ std::vector<std::string> yaml_files(const std::vector<std::string>& paths) {
 ValidationReport validate_experiments(const std::vector<std::string>& paths) {
   ValidationReport rep;
   for (const auto& file : yaml_files(paths)) {
+    // Only experiment files that carry a published figure take part; sweep, compare and
+    // plan files (and experiments without one) are skipped.
+    bool published = false;
+    try {
+      const YAML::Node top = YAML::LoadFile(file);
+      published = top.IsMap() && top["published"] && top["model"] && top["layout"];
+    } catch (const YAML::Exception& ex) {
+      throw InputError(file + ": not valid YAML: " + ex.what());
+    }
+    if (!published) {
+      rep.skipped.push_back(file);
+      continue;
+    }
     const Experiment e = load_experiment(file);
     const Published& pub = e.published;
     if (!(pub.step_time_s > 0) && !(pub.tflops_per_gpu > 0)) {

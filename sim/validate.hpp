@@ -34,8 +34,9 @@ struct ValidationReport {
 };
 
 /// Every *.yaml under `paths` (files or directories, searched recursively, in sorted
-/// order) that has a `published:` section is simulated in a child process. Throws
-/// InputError naming a file that does not parse.
+/// order) that is an experiment (top-level model and layout) with a `published:` section
+/// is simulated in a child process; other files are listed as skipped. Throws InputError
+/// naming a file that does not parse.
 ValidationReport validate_experiments(const std::vector<std::string>& paths);
 
 /// The table `dtsim validate` prints.

@@ -40,6 +40,15 @@ constexpr double kHbmReserve = 2 * GiB;
 //     (AddyLaddy, NVIDIA/nccl-tests#290); midpoint 47                  -> 47/50 = 0.94
 constexpr double kHdrEfficiency = 24.0 / 25.0;
 constexpr double kNdrEfficiency = 47.0 / 50.0;
+
+// NVLink SHARP (NVLS) efficiency = per-GPU NVLink rate an NVLS AllReduce sustains / line
+// rate. NVLS moves (n+1)/n S per GPU and direction (S/n of reduced shard in and every shard
+// out to the switch, then the reduced shard out and n shards in; NVIDIA/nccl NVLS kernels,
+// sim/collectives/nvls.cpp). On 8 x H100 "you should reach a peak busBw of ~480GB/s
+// (algbw ~275GB/s)" (sjeaugey, NVIDIA/nccl-tests#212; nccl_busbw.csv): 275 GB/s x 9/8 =
+// 309 GB/s per direction of 450 GB/s line rate -> 0.6875. The same model then gives 411,
+// 441, 463 GB/s busbw for 5, 6, 7 GPUs against 420, 440, 460 measured (NVIDIA/nccl#1455).
+constexpr double kNvlsEfficiency = 275.0 * 9.0 / 8.0 / 450.0;
 // ---------------------------------------------------------------------------------------
 
 const std::vector<NodePreset>& registry() {
@@ -79,6 +88,7 @@ const std::vector<NodePreset>& registry() {
       // overhead"; sjeaugey, NVIDIA/nccl-tests#212; user measurements 365-370 in
       // NVIDIA/nccl#1455 and 368.76 in nccl-tests#309) -> 0.822.
       n.nvlink.efficiency = 370.0 / 450.0;
+      n.nvls_efficiency = kNvlsEfficiency;  // NVSwitch gen3 has SHARP; measured on H100 (above)
       // 8 x ConnectX-7 NDR 400 Gb/s compute NICs (MLPerf v4.0 Eos SYSJSON; hardware.csv).
       n.nics_per_node = 8;
       n.nic.bandwidth = 400 * Gbps;
@@ -100,6 +110,9 @@ const std::vector<NodePreset>& registry() {
       // 475 GB/s, matching H100's ~480 NVLS figure). Same NVLink4 fabric: H100 ring ratio
       // 370/450 is used (derived, stated).
       n.nvlink.efficiency = 370.0 / 450.0;
+      // NVLS peak 475 GB/s busbw on 8 x H200 (NVIDIA/nccl-tests#272), i.e. the H100 figure
+      // (480): same NVSwitch gen3, same efficiency.
+      n.nvls_efficiency = kNvlsEfficiency;
       // DGX H200 keeps DGX H100's 8 x 400 Gb/s NDR compute NICs. Not verified against a
       // source here: validation/hardware.csv has no DGX H200 row.
       n.nics_per_node = 8;
@@ -121,9 +134,45 @@ const std::vector<NodePreset>& registry() {
       // No NVLink5 ring busbw found. Derived from the NVLink4 ring ratio 370/450
       // (nccl-tests#212): explicit assumption until a B200 measurement exists.
       n.nvlink.efficiency = 370.0 / 450.0;
-      // 8 x 400 Gb/s compute NICs (ConnectX-7). Not verified against a source here:
-      // hardware.csv has no DGX B200 NIC row. Same NDR efficiency as dgx-h100.
+      // NVLink 5 switches keep NVLink SHARP; no B200 NVLS busbw found: the H100 ratio is
+      // used (explicit assumption, as for the ring efficiency above).
+      n.nvls_efficiency = kNvlsEfficiency;
+      // 8 x ConnectX-7 400 Gb/s compute NICs: "B200-class HGX systems ship eight ConnectX-7
+      // adapters at 400 Gb/s for east-west traffic" (rillor.com, "ConnectX-7 vs ConnectX-8
+      // and NVLink5", secondary source). Same NDR efficiency as dgx-h100.
       n.nics_per_node = 8;
+      n.nic.bandwidth = 400 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kNdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      v.push_back(n);
+    }
+    {
+      NodePreset n;
+      n.name = "gb200-nvl72";
+      // The 72 Blackwell GPUs of the rack's NVLink Switch domain (18 compute trays x 4
+      // GPUs, 9 NVLink Switch trays; NVIDIA Multi-Node NVLink tuning guide, "Understanding
+      // your Grace-Blackwell systems", 72x1 configuration). The GB200's B200 runs at 1200 W
+      // (hardware.csv "B200 in GB200", 2500 TFLOP/s, single unverified source); the verified
+      // HGX B200 preset (2250 TFLOP/s) is used until a GB200 GPU preset exists.
+      n.gpu = "B200";
+      n.gpus_per_node = 72;
+      // NVLink 5: 1.8 TB/s bidirectional per GPU = 900 GB/s per direction (hardware.csv
+      // "B200 in GB200": 1800; 72 x 1.8 TB/s = the 130 TB/s NVLink bandwidth NVIDIA states
+      // for the rack).
+      n.nvlink.bandwidth = 900 * GBps;
+      n.nvlink.latency = kNvlinkStepLatency;
+      // No NVL72 ring busbw found: the NVLink4 ring ratio 370/450 (nccl-tests#212) is used,
+      // as for dgx-b200 (explicit assumption).
+      n.nvlink.efficiency = 370.0 / 450.0;
+      // NVLink Switch trays keep NVLink SHARP; H100 ratio used (explicit assumption). NCCL
+      // 2.19-2.20 did not yet run NVLS across a multi-node NVLink domain ("MNNVL: NVLS not
+      // yet supported", NVIDIA/nccl src/graph/tuning.cc @b6475625); later NCCL releases do.
+      n.nvls_efficiency = kNvlsEfficiency;
+      // One ConnectX-7 400 Gb/s compute NIC per GPU (4 per compute tray; the tuning guide
+      // lists CX7 in the GB200 compute tray, NVIDIA's GB300 NVL72 reference architecture has
+      // 4 HCAs per tray). 72 per NVLink domain; same NDR efficiency as dgx-h100.
+      n.nics_per_node = 72;
       n.nic.bandwidth = 400 * Gbps;
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kNdrEfficiency;

@@ -1,6 +1,8 @@
 #pragma once
 // Registry of node presets by name (case-insensitive): dgx-a100, dgx-h100, dgx-h200,
-// dgx-b200. A node preset fills cluster.gpus_per_node, cluster.nvlink, cluster.nics_per_node,
+// dgx-b200, gb200-nvl72. A "node" is one NVLink domain: 8 GPUs behind NVSwitch in a DGX,
+// 72 GPUs behind the NVLink Switch trays of a GB200 NVL72 rack. A node preset fills
+// cluster.gpus_per_node, cluster.nvlink (incl. nvls_efficiency), cluster.nics_per_node,
 // cluster.nic and cluster.hbm_reserve, and names the GPU preset used when cluster.gpu is
 // absent. Every number cites its source in topologies/node_presets.cpp.
 // Units are those of dtsim::LinkSpec / ClusterSpec: B/s per direction, seconds, bytes.
@@ -21,6 +23,9 @@ struct NodePreset {
   int64_t nics_per_node = 0;   // compute NICs (storage/management NICs excluded)
   LinkSpec nic;                // per NIC
   double hbm_reserve_bytes = 0;
+  /// NVLink SHARP (NVLS, in-switch reduction): per-GPU NVLink rate that an NVLS AllReduce
+  /// sustains / NVLink line rate; 0 when the NVSwitch has no SHARP (NVSwitch gen 2, A100).
+  double nvls_efficiency = 0;
 };
 
 /// The preset named `name` (case-insensitive), or nullptr when there is none.

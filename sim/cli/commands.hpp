@@ -26,6 +26,14 @@ void require_output_dir(const std::string& path, const std::string& option);
 
 // ---- registered subcommands (one line each in main.cpp) ----
 Command add_run_command(CLI::App& app);
+Command add_sweep_command(CLI::App& app);
+Command add_compare_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
+Command add_merge_command(CLI::App& app);
 Command add_validate_command(CLI::App& app);
+Command add_collective_command(CLI::App& app);
+Command add_explain_command(CLI::App& app);
+Command add_verify_command(CLI::App& app);
+Command add_calibrate_command(CLI::App& app);
 
 }  // namespace dtsim::cli

@@ -1,6 +1,7 @@
 // dtsim: the command line. The only place that turns errors into messages and exit codes.
 //
 //   dtsim run EXP.yaml [--set key=value]... [--json FILE] [--show-groups] [--no-fold] [--quiet]
+//   dtsim explain EXP.yaml [--set key=value]...
 //   dtsim --version
 //
 // Exit codes: 0 success; 1 internal or I/O failure; 2 invalid input (every problem is
@@ -57,7 +58,15 @@ int main(int argc, char** argv) {
   std::vector<Command> commands;
   // Registered subcommands: one line each.
   commands.push_back(add_run_command(app));
+  commands.push_back(add_sweep_command(app));
+  commands.push_back(add_compare_command(app));
+  commands.push_back(add_plan_command(app));
+  commands.push_back(add_merge_command(app));
   commands.push_back(add_validate_command(app));
+  commands.push_back(add_collective_command(app));
+  commands.push_back(add_explain_command(app));
+  commands.push_back(add_verify_command(app));
+  commands.push_back(add_calibrate_command(app));
 
   try {
     app.parse(argc, argv);

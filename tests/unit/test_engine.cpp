@@ -201,3 +201,24 @@ TEST(EngineSchedule, CommunicationInterferenceSlowsOverlappedCompute) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+TEST(EngineCriticalPath, StageBreakdownSumsToTheStepTime) {
+  // Every second of every stage is compute, slowdown from overlapped communication,
+  // exposed communication of one kind, or bubble (waiting on the schedule or idle tail).
+  for (const char* layout : {"{dp: 2, tp: 4, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: selective}",
+                             "{dp: 2, tp: 2, cp: 2, pp: 2, zero_stage: 3, sequence_parallel: true, recompute: full}",
+                             "{dp: 2, tp: 2, pp: 4, vp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"}) {
+    const auto r = simulate_step_isolated(parse_experiment(gpt("{node: dgx-h100, nodes: 2}", layout, kTrain), "c.yaml"));
+    for (const auto& s : r.stages) {
+      double sum = s.compute_s + s.slowdown_s + s.bubble_s;
+      for (const auto& [kind, c] : s.comm) sum += c.exposed_s;
+      EXPECT_NEAR(sum, r.step_time_s, 1e-6 * r.step_time_s) << layout << " stage " << s.stage;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtsim

@@ -213,8 +213,9 @@ TEST(ExperimentIoConstraint, TpDividesVocab) {
                  "split across tensor-parallel ranks; pad the vocabulary)");
 }
 
-TEST(ExperimentIoConstraint, PpDividesLayers) {
-  expect_problem({"model.layers=31"}, "exp.yaml: layout.pp=2 does not divide model.layers=31");
+TEST(ExperimentIoConstraint, PpAtMostLayers) {
+  expect_problem({"model.layers=1"},
+                 "exp.yaml: layout.pp=2 exceeds model.layers=1 (every pipeline stage needs at least one layer)");
 }
 
 TEST(ExperimentIoConstraint, CpDividesSeqLen) {
@@ -277,9 +278,10 @@ TEST(ExperimentIoConstraint, Fp8NeedsFp8TensorCores) {
   EXPECT_TRUE(problems(kBase, {"training.dtype=fp8", "cluster.gpu=H100-SXM5-80GB"}).empty());
 }
 
-TEST(ExperimentIoConstraint, OnlyNonBlockingFabric) {
+TEST(ExperimentIoConstraint, FabricTypeIsARegisteredOne) {
   expect_problem({"cluster.fabric=fat-tree"},
-                 "exp.yaml: cluster.fabric=\"fat-tree\" is not supported: only non-blocking is supported");
+                 "exp.yaml: cluster.fabric=\"fat-tree\" is not a fabric type (valid: non-blocking, leaf-spine, "
+                 "rail-optimized, clos)");
 }
 
 TEST(ExperimentIoConstraint, LearnedPositionsCoverSeqLen) {
@@ -413,7 +415,7 @@ TEST(ExperimentIoValue, UnknownGpuPresetListsValidNames) {
 TEST(ExperimentIoValue, UnknownNodePresetListsValidNames) {
   expect_problem({"cluster.node=dgx-x"},
                  "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: dgx-a100, dgx-h100, dgx-h200, "
-                 "dgx-b200)");
+                 "dgx-b200, gb200-nvl72)");
 }
 
 TEST(ExperimentIoValue, PresetNamesAreCaseInsensitive) {
@@ -477,7 +479,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.switches (valid keys under cluster: name, gpu, node, nodes, "
-              "gpus_per_node, nvlink, nics_per_node, nic, fabric, hbm_reserve)");
+              "gpus_per_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve)");
   }
   {
     const auto ps = problems(with_line("  nodes: 2", "  nic:\n    speed: 400 Gb/s"));
@@ -493,7 +495,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.gpu.tdp (valid keys under cluster.gpu: preset, name, peak_bf16, "
-              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count)");
+              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count, attention_efficiency, profile)");
   }
 }
 
@@ -509,7 +511,8 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
                      "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
-                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference)");
+                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
+                     "overlap_p2p)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
@@ -837,13 +840,16 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 }
 
 TEST(ExperimentIoPresets, NodeRegistry) {
-  EXPECT_EQ(node_preset_names(), (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200"}));
+  EXPECT_EQ(node_preset_names(),
+            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);
     EXPECT_NE(find_gpu_preset(n.gpu), nullptr);
-    EXPECT_EQ(n.gpus_per_node, 8);
-    EXPECT_EQ(n.nics_per_node, 8);
+    // A DGX node is 8 GPUs with 8 compute NICs; a GB200 NVL72 NVLink domain is 72 GPUs with
+    // one NIC each (topologies/node_presets.cpp).
+    EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" ? 72 : 8);
+    EXPECT_EQ(n.nics_per_node, n.gpus_per_node);
     EXPECT_GT(n.nvlink.efficiency, 0);
     EXPECT_LE(n.nvlink.efficiency, 1);
     EXPECT_GT(n.nic.efficiency, 0);

@@ -19,8 +19,12 @@ const fs::path kExperiments = fs::path(DTSIM_SOURCE_DIR) / "experiments";
 
 std::vector<fs::path> experiment_files() {
   std::vector<fs::path> files;
+  // experiments/sweeps/ holds sweep, compare and plan files, checked by their own loader
+  // (tests/unit/test_sweep.cpp).
   for (const auto& entry : fs::recursive_directory_iterator(kExperiments))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml") files.push_back(entry.path());
+    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
+        entry.path().parent_path().filename() != "sweeps")
+      files.push_back(entry.path());
   std::sort(files.begin(), files.end());
   return files;
 }

@@ -219,10 +219,34 @@ TEST(FlopsParams, TiedEmbeddingCopyOnLastStage) {
   EXPECT_DOUBLE_EQ(layer_parameters_per_tp_rank(m, 8), 12 * h * h / 8 + 7 * h / 8 + 6 * h);
 }
 
+TEST(FlopsStages, UnevenStagesFollowLlama3) {
+  // Llama 3 405B: 126 layers on PP16 -> the first and last stages hold 7, the others 8
+  // (Dubey et al. 2024, Sec 3.3.2).
+  ModelSpec m = gpt3_175b();
+  m.layers = 126;
+  Layout l;
+  l.pp = 16;
+  int64_t total = 0;
+  for (int64_t s = 0; s < 16; ++s) {
+    const int64_t n = stage_layer_count(m, l, s);
+    EXPECT_EQ(n, (s == 0 || s == 15) ? 7 : 8) << s;
+    EXPECT_EQ(stage_first_layer(m, l, s), total);
+    total += n;
+  }
+  EXPECT_EQ(total, 126);
+  // Three missing layers: stages 0, 15 and 1 lose one each.
+  m.layers = 125;
+  EXPECT_EQ(stage_layer_count(m, l, 1), 7);
+  EXPECT_EQ(stage_layer_count(m, l, 14), 8);
+  l.pp = 8;
+  m.layers = 96;
+  for (int64_t s = 0; s < 8; ++s) EXPECT_EQ(stage_layer_count(m, l, s), 12);
+}
+
 TEST(FlopsErrors, ImpossibleInputsThrow) {
   const ModelSpec m = gpt3_175b();
   Layout l;
-  l.pp = 5;  // 96 % 5 != 0
+  l.pp = 97;  // more stages than layers
   EXPECT_THROW(stage_parameters_per_rank(m, l, 2048, 0), InputError);
   l.pp = 8;
   EXPECT_THROW(stage_parameters_per_rank(m, l, 2048, 8), InputError);

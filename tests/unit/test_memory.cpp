@@ -254,6 +254,8 @@ Experiment fig1_experiment(const FigCase& c, bool sp_selective) {
   l.dp = 1;
   l.sequence_parallel = sp_selective;
   l.recompute = sp_selective ? Recompute::selective : Recompute::none;
+  l.vp = c.interleave;
+  l.schedule = c.interleave > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
   ModelSpec m = gpt(c.L, c.h, c.a);
   m.name = c.name;
   return experiment(m, l, 2048, c.global, c.micro);
@@ -261,14 +263,16 @@ Experiment fig1_experiment(const FigCase& c, bool sp_selective) {
 
 TEST(MemoryKorthikantiFig1, FirstStageActivationsLayerTerm) {
   // The transcribed Fig. 1 values are Eq. 5 (L layers on the first stage, x the interleaving
-  // factor 1 + (p-1)/(p v) where used) to every printed digit: our layer term must match to
-  // 1e-9. Layout has no virtual-pipeline field, so the factor is applied here.
+  // factor 1 + (p-1)/(p v) for 175B and 530B, which run interleaved 1F1B with v = 3) to every
+  // printed digit: our layer term, with the schedule set in the layout, must match to 1e-9.
   for (const auto& c : kFig1) {
     for (bool sp_sel : {false, true}) {
       const Experiment e = fig1_experiment(c, sp_sel);
       const ActivationBreakdown act = stage_activations(e, 0);
-      EXPECT_EQ(act.inflight, c.pp);
-      const double ours = act.layers_bytes * interleaved_activation_factor(c.pp, c.interleave) / GiB;
+      // Megatron's interleaved warm-up on rank 0, plus one: p v + p - 1 chunks of L/(p v) layers.
+      EXPECT_EQ(act.inflight, c.interleave > 1 ? c.pp * c.interleave + c.pp - 1 : c.pp) << c.name;
+      EXPECT_DOUBLE_EQ(act.inflight_microbatches(), c.pp * interleaved_activation_factor(c.pp, c.interleave));
+      const double ours = act.layers_bytes / GiB;
       EXPECT_LT(rel(ours, sp_sel ? c.sp_selective_gib : c.tp_only_gib), 1e-9) << c.name << " sp_sel=" << sp_sel;
     }
   }
@@ -284,8 +288,7 @@ TEST(MemoryKorthikantiFig1, FirstStageActivationsWithExtras) {
     for (bool sp_sel : {false, true}) {
       const Experiment e = fig1_experiment(c, sp_sel);
       const ActivationBreakdown act = stage_activations(e, 0);
-      const double f = interleaved_activation_factor(c.pp, c.interleave);
-      const double ours = (act.layers_bytes * f + act.embedding_bytes + act.output_bytes) / GiB;
+      const double ours = (act.layers_bytes + act.embedding_bytes + act.output_bytes) / GiB;
       const double paper = sp_sel ? c.sp_selective_gib : c.tp_only_gib;
       EXPECT_GT(ours, paper);
       EXPECT_LT(rel(ours, paper), 0.03) << c.name << " sp_sel=" << sp_sel;
@@ -310,8 +313,11 @@ TEST(MemoryKorthikantiFig1, ModelStates18BytesPerParam) {
 TEST(MemoryKorthikantiAppendixB, PipelineOutputTensors530B) {
   // sbhp: the first stage's p in-flight stage outputs (2 bytes each), which Megatron
   // frees after sending (so dtsim does not count them): 2.73 "GB" = 2.734375 GiB.
+  // (Appendix B's rank-0 count is p = 35 micro-batches: plain 1F1B, no interleaving.)
   const FigCase& c = kFig1[2];
-  const Experiment e = fig1_experiment(c, false);
+  Experiment e = fig1_experiment(c, false);
+  e.layout.vp = 1;
+  e.layout.schedule = Schedule::one_f_one_b;
   const double sbh_p = 2.0 * 2048 * 1 * 20480 * double(stage_activations(e, 0).inflight);
   EXPECT_LT(rel(sbh_p / GiB, 2.73), 0.005);
 }
@@ -357,18 +363,25 @@ TEST(MemoryStage, Zero3GatheredLayersAndCpShortensSequence) {
   l.zero_stage = 3;
   Experiment e = experiment(m, l, 4096, 8, 1);
   e.training.framework = Framework::zero_paper;
+  e.training.main_grad = GradDtype::bf16;  // experiment_io's default for zero-paper
   e.training.flash_attention = true;
   const MemoryBreakdown mb = stage_memory(e, 0);
   const double p = stage_parameters_per_rank(m, l, 4096, 0);
   EXPECT_DOUBLE_EQ(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes, 16.0 * p / 8);
-  EXPECT_DOUBLE_EQ(mb.other_bytes, 2.0 * 2.0 * layer_parameters_per_tp_rank(m, 1));
+  // Single stage: the larger of two layers (2 x 12.6M), embedding + layer 0 (V h + s h +
+  // layer = 52.4M + 4.2M + 12.6M) and LM head (tied, pp = 1: final norm only) + layer; 16-bit.
+  const double layer = layer_parameters_per_tp_rank(m, 1);
+  const double embedding = 51200.0 * 1024 + 4096.0 * 1024;
+  EXPECT_DOUBLE_EQ(mb.other_bytes, 2.0 * (embedding + layer));
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).zero3_gathered_bytes, mb.other_bytes);
   // CP: 2048 local tokens per rank.
   const ActivationBreakdown act = stage_activations(e, 0);
   EXPECT_DOUBLE_EQ(act.layers_bytes, 8 * layer_activation_bytes(m, 2048, 1, 4096, 1, false, Recompute::none, true));
   EXPECT_DOUBLE_EQ(act.output_bytes, 4.0 * 2048 * 1024 + 4.0 * 2048 * 51200);
-  // DeepSpeed: same states, plus the fp32 gradient partition as a transient.
+  // DeepSpeed: same states, plus the fp32 gradient partition as a transient and two 5e8-element
+  // 16-bit ipg buckets (overlap_grad_reduce on, pp == 1).
   e.training.framework = Framework::deepspeed;
-  EXPECT_DOUBLE_EQ(stage_memory(e, 0).other_bytes, mb.other_bytes + 4.0 * p / 8);
+  EXPECT_DOUBLE_EQ(stage_memory(e, 0).other_bytes, mb.other_bytes + 4.0 * p / 8 + 2 * 5e8 * 2);
 }
 
 TEST(MemoryStage, RecomputeShrinksActivations) {
@@ -403,9 +416,214 @@ TEST(MemoryStage, ImpossibleInputsThrow) {
   e.training.global_batch = 32;
   EXPECT_THROW(stage_memory(e, 4), InputError);
   EXPECT_THROW(stage_memory(e, -1), InputError);
-  e.layout.pp = 5;  // 24 layers not divisible
+  e.layout.pp = 25;  // more stages than the 24 layers
   EXPECT_THROW(stage_memory(e, 0), InputError);
 }
 
+
+// ---------------------------------------------------------------- DeepSpeed estimator
+
+// GPT-J 6B as DeepSpeed's estimator sees it: estimate_zero2_model_states_mem_needs_all_live(
+// AutoModel.from_pretrained("EleutherAI/gpt-j-6B"), num_gpus_per_node=4) prints "5844M total
+// params" and "35.38GB | offload_optimizer=none" (2P + int(18P/N) bytes, printed /2^30;
+// deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs; the
+// 4P + 16P/N of older releases printed 43.54GB, deepspeedai/DeepSpeed#1883). AutoModel is the
+// base GPTJModel (no LM head): 28 layers x (ln_1 2h + q,k,v,out 4h^2 without bias + fc_in
+// 4h^2 + 4h + fc_out 4h^2 + h) + wte V h + ln_f 2h, h = 4096, V = 50400.
+constexpr double kGptjBaseParams = 28.0 * (12.0 * 4096 * 4096 + 7.0 * 4096) + 50400.0 * 4096 + 2.0 * 4096;
+
+TEST(MemoryDeepSpeed, GptjZero2On4GpusIs35_38GiB) {
+  EXPECT_DOUBLE_EQ(kGptjBaseParams, 5844393984.0);
+  Layout l;
+  l.dp = 4;
+  l.zero_stage = 2;
+  const ModelStateBytes ms = model_state_bytes(kGptjBaseParams, l, Framework::deepspeed);
+  const double ours = ms.total() + ms.step_transient_bytes;
+  // DeepSpeed: 2P + int(18P/4) = 37,988,560,896 B exactly (18P/4 is an integer here).
+  EXPECT_DOUBLE_EQ(ours, 2 * kGptjBaseParams + 18 * kGptjBaseParams / 4);
+  EXPECT_DOUBLE_EQ(ours, 37988560896.0);
+  EXPECT_NEAR(ours / GiB, 35.38, 0.005);  // printed with 2 decimals
+  // The old estimator's 4P + 16P/N gives the 43.54 GiB of DeepSpeed#1883: not our convention.
+  EXPECT_NEAR((4 * kGptjBaseParams + 16 * kGptjBaseParams / 4) / GiB, 43.54, 0.005);
+  EXPECT_GT(std::fabs(ours / GiB - 43.54), 1.0);
+}
+
+TEST(MemoryDeepSpeed, GptjFromModelSpecWithinHalfPercent) {
+  // dtsim's own count of the GPT-J architecture (gelu -> biases on every linear layer, two
+  // layernorms per block where GPT-J has one: +6h per layer) stays within 0.5 % of 35.38 GiB.
+  ModelSpec m = gpt(28, 4096, 16, 50400);
+  m.position = Position::rope;
+  m.tied_embeddings = true;  // AutoModel: no LM head
+  Layout l;
+  l.dp = 4;
+  l.zero_stage = 2;
+  Experiment e = experiment(m, l, 2048, 4, 1);
+  e.training.framework = Framework::deepspeed;
+  e.training.main_grad = GradDtype::bf16;  // experiment_io's default for deepspeed
+  const double p = stage_parameters_per_rank(m, l, 2048, 0);
+  EXPECT_LT(rel(p, kGptjBaseParams), 2e-4);
+  const MemoryBreakdown mb = stage_memory(e, 0);
+  const StageBuffers buf = stage_buffers(e, 0);
+  const double states = mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes + buf.step_transient_bytes;
+  EXPECT_LT(rel(states / GiB, 35.38), 0.005);
+  // The ipg buckets are on top of the estimator's model states: 2 x 5e8 x 2 B.
+  EXPECT_DOUBLE_EQ(buf.grad_bucket_bytes, 2e9);
+}
+
+// ---------------------------------------------------------------- main grad, buckets
+
+TEST(MemoryModelStates, MainGradDtype) {
+  const double p = 1e9;
+  Layout l;
+  l.dp = 8;
+  Training t;
+  t.framework = Framework::megatron;
+  t.main_grad = GradDtype::fp32;
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, l, t).total() / p, 18.0);
+  EXPECT_DOUBLE_EQ(dp_grad_bytes_per_param(t), 4.0);
+  t.main_grad = GradDtype::bf16;  // Megatron without fp32 grad accumulation: 16 B/param
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, l, t).total() / p, 16.0);
+  EXPECT_DOUBLE_EQ(dp_grad_bytes_per_param(t), 2.0);
+  l.zero_stage = 1;  // distributed optimizer with bf16 grads: 4 + 12/d
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, l, t).total() / p, 4.0 + 12.0 / 8);
+  // The published conventions with their default 16-bit gradients are unchanged; an explicit
+  // fp32 main grad adds 2 B per (sharded) parameter.
+  for (Framework f : {Framework::deepspeed, Framework::zero_paper}) {
+    t.framework = f;
+    t.main_grad = GradDtype::bf16;
+    EXPECT_DOUBLE_EQ(bytes_per_parameter(f, GradDtype::bf16).grads, 2.0);
+    EXPECT_DOUBLE_EQ(model_state_bytes(p, l, t).total(), model_state_bytes(p, l, f).total());
+    t.main_grad = GradDtype::fp32;
+    EXPECT_DOUBLE_EQ(model_state_bytes(p, l, t).total(), model_state_bytes(p, l, f).total() + 2.0 * p);
+  }
+}
+
+TEST(MemoryStage, MainGradReachesStageMemory) {
+  Layout l;
+  l.dp = 2;
+  Experiment e = experiment(gpt(4, 1024, 16), l, 1024, 8, 1);
+  const double p = stage_parameters_per_rank(e.model, l, 1024, 0);
+  EXPECT_DOUBLE_EQ(stage_memory(e, 0).grads_bytes, 4.0 * p);
+  e.training.main_grad = GradDtype::bf16;
+  EXPECT_DOUBLE_EQ(stage_memory(e, 0).grads_bytes, 2.0 * p);
+}
+
+TEST(MemoryStage, GradientBuckets) {
+  Layout l;
+  l.dp = 4;
+  l.zero_stage = 1;
+  Experiment e = experiment(gpt(4, 1024, 16), l, 1024, 8, 1);
+  // Megatron: buckets are views into the contiguous grad buffer (the grads line).
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 0.0);
+  e.training.framework = Framework::zero_paper;
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 0.0);
+  // DeepSpeed: 5e8-element 16-bit ipg buckets, double-buffered with overlap (pp == 1).
+  e.training.framework = Framework::deepspeed;
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 2 * 5e8 * 2);
+  e.training.overlap_grad_reduce = false;
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 5e8 * 2);
+  e.training.grad_bucket_bytes = 100e6;  // a configured bucket, bytes
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 100e6);
+  // ZeRO-0 flattens at most the stage's gradients.
+  e.layout.zero_stage = 0;
+  e.training.grad_bucket_bytes = 0;
+  const double p = stage_parameters_per_rank(e.model, e.layout, 1024, 0);
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 2.0 * p);
+  // No DP: nothing to reduce, no bucket.
+  e.layout.dp = 1;
+  e.training.global_batch = 2;
+  EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 0.0);
+}
+
+// ---------------------------------------------------------------- pipeline schedules
+
+TEST(MemoryPipeline, InflightPerSchedule) {
+  Layout l;
+  l.pp = 4;
+  // 1F1B: stage r holds min(p - r, m).
+  for (int64_t r = 0; r < 4; ++r) {
+    const PipelineInflight x = pipeline_inflight(l, 16, r, 8);
+    EXPECT_EQ(x.chunks, 4 - r);
+    EXPECT_EQ(x.warmup, 3 - r);
+    EXPECT_EQ(x.chunk_layers, 4);
+    EXPECT_EQ(x.chunks, inflight_microbatches(4, r, 8));
+  }
+  EXPECT_EQ(pipeline_inflight(l, 16, 0, 2).chunks, 2);
+  // GPipe: every stage holds all m micro-batches.
+  l.schedule = Schedule::gpipe;
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(pipeline_inflight(l, 16, r, 8).chunks, 8);
+  // Interleaved, p = 4, v = 2, m = 8: Megatron warm-up (p - r - 1) * 2 + (v - 1) p.
+  l.schedule = Schedule::interleaved;
+  l.vp = 2;
+  const int64_t expect_warmup[4] = {10, 8, 6, 4};
+  for (int64_t r = 0; r < 4; ++r) {
+    const PipelineInflight x = pipeline_inflight(l, 16, r, 8);
+    EXPECT_EQ(x.warmup, expect_warmup[r]);
+    EXPECT_EQ(x.chunks, expect_warmup[r] + 1);
+    EXPECT_EQ(x.chunk_layers, 2);
+  }
+  // Rank 0 holds p v + p - 1 = 11 chunks of L/(p v) = 2 layers = 22 layers
+  // = L/p x p (1 + (p-1)/(p v)) = 4 x 4 x 1.375 (Korthikanti Sec 4.2.3).
+  const PipelineInflight r0 = pipeline_inflight(l, 16, 0, 8);
+  EXPECT_DOUBLE_EQ(double(r0.chunks * r0.chunk_layers), 4.0 * 4.0 * interleaved_activation_factor(4, 2));
+  // Forwards 0-3 run chunk 0, 4-7 chunk 1, 8-10 chunk 0 again: 7 first-chunk micro-batches.
+  EXPECT_EQ(r0.first_chunk_microbatches, 7);
+  // m == p: every forward is warm-up (Megatron all_warmup_microbatches): m v chunks.
+  EXPECT_EQ(pipeline_inflight(l, 16, 0, 4).chunks, 8);
+  EXPECT_EQ(pipeline_inflight(l, 16, 3, 4).chunks, 5);
+  EXPECT_THROW(pipeline_inflight(l, 12, 0, 8), InputError);  // p v = 8 does not divide 12
+  EXPECT_THROW(pipeline_inflight(l, 16, 4, 8), InputError);
+  EXPECT_THROW(pipeline_inflight(l, 16, 0, 0), InputError);
+}
+
+TEST(MemoryPipeline, StageActivationsFollowSchedule) {
+  ModelSpec m = gpt(16, 1024, 16);
+  Layout l;
+  l.pp = 4;
+  Experiment e = experiment(m, l, 1024, 8, 1);
+  const double per_layer = layer_activation_bytes(m, 1024, 1, 1024, 1, false, Recompute::none, false);
+  EXPECT_DOUBLE_EQ(stage_activations(e, 0).layers_bytes, 4 * 4 * per_layer);
+  e.layout.schedule = Schedule::gpipe;
+  EXPECT_DOUBLE_EQ(stage_activations(e, 3).layers_bytes, 8 * 4 * per_layer);
+  EXPECT_DOUBLE_EQ(stage_activations(e, 0).embedding_bytes, 8 * 1024.0 * 1024);
+  e.layout.schedule = Schedule::interleaved;
+  e.layout.vp = 2;
+  const ActivationBreakdown a0 = stage_activations(e, 0);
+  EXPECT_DOUBLE_EQ(a0.layers_bytes, 11 * 2 * per_layer);
+  EXPECT_DOUBLE_EQ(a0.inflight_microbatches(), 5.5);
+  EXPECT_DOUBLE_EQ(a0.embedding_bytes, 7 * 1024.0 * 1024);
+}
+
+// ---------------------------------------------------------------- memory-only path, OOM
+
+TEST(MemoryOnlyPath, PerStageAndPeak) {
+  ModelSpec m = gpt(24, 2048, 16);
+  Layout l;
+  l.tp = 2;
+  l.pp = 4;
+  l.dp = 2;
+  Experiment e = experiment(m, l, 2048, 32, 2);
+  const std::vector<MemoryBreakdown> all = memory_per_stage(e);
+  ASSERT_EQ(all.size(), 4u);
+  for (int64_t s = 0; s < 4; ++s) EXPECT_DOUBLE_EQ(all[size_t(s)].peak_bytes, stage_memory(e, s).peak_bytes);
+  const PeakMemory pk = peak_memory(e);
+  EXPECT_EQ(pk.stage, 0);  // 4 in-flight micro-batches and the embedding
+  for (const auto& mb : all) EXPECT_LE(mb.peak_bytes, pk.memory.peak_bytes);
+}
+
+TEST(MemoryOnlyPath, OomAgainstHbmMinusReserve) {
+  ModelSpec m = gpt(24, 2048, 16);
+  Layout l;
+  l.pp = 4;
+  Experiment e = experiment(m, l, 2048, 32, 2);
+  const double peak = peak_memory(e).memory.peak_bytes;
+  // Fits exactly at capacity = HBM - reserve; one byte less reserve headroom flags OOM.
+  e.cluster.gpu.hbm_bytes = peak + 2.0 * GiB;
+  e.cluster.hbm_reserve_bytes = 2.0 * GiB;
+  EXPECT_TRUE(peak_memory(e).memory.fits);
+  EXPECT_DOUBLE_EQ(peak_memory(e).memory.capacity_bytes, peak);
+  e.cluster.hbm_reserve_bytes = 2.0 * GiB + 1.0;
+  EXPECT_FALSE(peak_memory(e).memory.fits);
+}
 }  // namespace
 }  // namespace dtsim

@@ -50,18 +50,25 @@ TEST(Plan, TensorParallelAllReducesTwicePerLayerEachWay) {
   EXPECT_EQ(plan.shape.micro_batches, 2);  // 8 / (2 x 2)
   const auto& s0 = plan.stages[0];
   EXPECT_EQ(s0.layers, 2);
-  // Layers: 2 layers x 2 micro-batches x (2 fwd + 2 bwd); embedding: 1 fwd AllReduce per micro-batch.
-  EXPECT_EQ(count(s0, OpType::collective, "tp_allreduce"), 2 * 2 * 4 + 2);
+  // Layers: 2 layers x 2 micro-batches x 2 blocking in the forward; the 2 backward ones
+  // run asynchronously under the weight-gradient GEMM (Megatron's async input-grad
+  // AllReduce); embedding: 1 forward AllReduce per micro-batch.
+  EXPECT_EQ(count(s0, OpType::collective, "tp_allreduce"), 2 * 2 * 2 + 2);
+  EXPECT_EQ(count(s0, OpType::issue, "tp_allreduce"), 2 * 2 * 2);
   for (const auto& op : s0.ops) {
-    if (op.type != OpType::collective || std::string(op.name) != "tp_allreduce") continue;
+    if ((op.type != OpType::collective && op.type != OpType::issue) || std::string(op.name) != "tp_allreduce") continue;
     EXPECT_EQ(op.group, GroupKind::TP);
     EXPECT_EQ(op.collective, Collective::AllReduce);
     EXPECT_DOUBLE_EQ(op.size_bytes, kActBytes);
   }
   // No ReduceScatter/AllGather on TP without SP (except the PP scatter/gather's gather).
   EXPECT_EQ(count(s0, OpType::collective, "tp_reducescatter"), 0);
-  // Last stage: vocab-parallel cross entropy adds 3 small AllReduces per micro-batch.
-  EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss"), 3 * 2);
+  // Last stage: vocab-parallel cross entropy adds 3 small AllReduces per micro-batch, the
+  // first a MAX (the logits' maximum), then two SUMs.
+  EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss_max"), 2);
+  EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss"), 2 * 2);
+  for (const auto& op : plan.stages[1].ops)
+    if (std::string(op.name) == "tp_allreduce_loss_max") EXPECT_EQ(op.reduce, ReduceOp::max);
 }
 
 TEST(Plan, SequenceParallelReplacesAllReduceByReduceScatterAndAllGather) {
@@ -69,7 +76,9 @@ TEST(Plan, SequenceParallelReplacesAllReduceByReduceScatterAndAllGather) {
   const auto& s0 = plan.stages[0];
   EXPECT_EQ(count(s0, OpType::collective, "tp_allreduce"), 0);
   // Per layer per micro-batch: fwd 2 AG + 2 RS; bwd 2 AG + 2 RS (+2 async re-gathers).
-  EXPECT_EQ(count(s0, OpType::collective, "tp_reducescatter"), 2 * 2 * 2 + 2 * 2 * 2 + 2 /*embedding*/);
+  EXPECT_EQ(count(s0, OpType::collective, "tp_reducescatter"), 2 * 2 * 2 + 2 /*embedding*/);
+  // Backward ReduceScatters of the input gradients overlap the weight-gradient GEMMs.
+  EXPECT_EQ(count(s0, OpType::issue, "tp_reducescatter"), 2 * 2 * 2);
   EXPECT_EQ(count(s0, OpType::collective, "tp_allgather"), 2 * 2 * 2 + 2 * 2 * 2 + 2 /*embedding bwd*/);
   EXPECT_EQ(count(s0, OpType::issue, "tp_allgather_input"), 2 * 2 * 2);
   for (const auto& op : s0.ops) {

@@ -1,0 +1,141 @@
+#include "models/calibration/plan_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string_view>
+
+namespace dtsim::calib {
+
+namespace {
+// Fused Adam bytes per parameter; the value models/plan.cpp uses (kAdamBytesPerParam).
+constexpr double kAdamBytesPerParam = 30.0;
+
+int64_t at_least_1(int64_t v) { return std::max<int64_t>(v, 1); }
+}  // namespace
+
+std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
+  const ModelSpec& m = exp.model;
+  const Layout& l = exp.layout;
+  const int64_t b = exp.training.micro_batch;
+  const int64_t S = exp.training.seq_len;
+  const int64_t s = S / std::max<int64_t>(l.cp, 1);  // PlanShape.tokens_local
+  const int64_t t = std::max<int64_t>(l.tp, 1);
+  const int64_t h = m.hidden, f = m.ffn_hidden, V = m.vocab, hd = m.head_dim();
+  const int64_t kvd = m.kv_heads * hd;
+  const int64_t tok = b * s;
+  const std::string_view name = op.name;
+  OpKernel r;
+  KernelSpec& k = r.spec;
+  k.name = op.name;
+  k.bytes = op.bytes;
+  switch (op.kernel) {
+    case KernelKind::memory:
+      k.kind = KernelClass::memory;
+      return r;
+    case KernelKind::optimizer:
+      k.kind = KernelClass::optimizer;
+      k.params = std::round(op.bytes / kAdamBytesPerParam);
+      return r;
+    case KernelKind::attention: {
+      k.kind = KernelClass::attention;
+      auto& a = k.attention;
+      a.batch = b;
+      a.heads = at_least_1(m.heads / t);
+      a.kv_heads = at_least_1(m.kv_heads / t);
+      a.head_dim = hd;
+      a.seq_q = s;
+      a.backward = name.find("bwd") != std::string_view::npos;
+      a.causal = exp.training.flash_attention;  // unfused attention is a dense masked GEMM
+      if (name.find("remote") != std::string_view::npos) {
+        a.seq_kv = s;
+        a.causal = false;
+        r.count = static_cast<double>(l.cp - 1) / 2.0;
+      } else if (name.find("local") != std::string_view::npos) {
+        a.seq_kv = s;
+      } else {
+        a.seq_kv = S;
+      }
+      return r;
+    }
+    case KernelKind::gemm: break;
+  }
+  k.kind = KernelClass::gemm;
+  auto& g = k.gemm;
+  g.dtype = exp.training.dtype;
+  // base name and pass
+  std::string_view base = name;
+  int pass = 0;  // 0 fwd, 1 dgrad, 2 wgrad
+  for (auto [suffix, p] : {std::pair<std::string_view, int>{"_dgrad", 1}, {"_wgrad", 2}})
+    if (base.size() > suffix.size() && base.substr(base.size() - suffix.size()) == suffix) {
+      base = base.substr(0, base.size() - suffix.size());
+      pass = p;
+    }
+  int64_t in = 0, out = 0;  // the linear layer's input and output widths on this rank
+  if (base == "qkv") in = h, out = (h + 2 * kvd) / t;
+  else if (base == "out_proj") in = h / t, out = h;
+  else if (base == "mlp_up" && pass == 0) in = h, out = f / t;
+  else if (base == "mlp_up") in = h, out = (m.activation == Activation::swiglu ? 2 : 1) * f / t;  // up+gate fused
+  else if (base == "mlp_gate") in = h, out = f / t;
+  else if (base == "mlp_down") in = f / t, out = h;
+  else if (base == "lm_head") in = h, out = V / t;
+  else {
+    // Unfused attention: batched GEMMs over b x heads/TP, timed as one GEMM of the
+    // plan's (m, n, k); attention stays bf16 (models/compute_cost.cpp).
+    const int64_t bh = b * at_least_1(m.heads / t);
+    g.dtype = Dtype::bf16;
+    if (name == "attention_scores") g.m = bh * s, g.n = S, g.k = hd, g.trans_b = true;
+    else if (name == "attention_values") g.m = bh * s, g.n = hd, g.k = S;
+    else if (name == "attention_scores_bwd") g.m = bh * s, g.n = S, g.k = hd;
+    else if (name == "attention_values_bwd") g.m = bh * s, g.n = hd, g.k = S, g.trans_a = true;
+    else return std::nullopt;
+    return r;
+  }
+  switch (pass) {
+    case 0: g.m = tok, g.n = out, g.k = in, g.trans_b = true; break;   // Y = X W^T
+    case 1: g.m = tok, g.n = in, g.k = out; break;                     // dX = dY W
+    case 2: g.m = in, g.n = out, g.k = tok, g.trans_a = true; break;   // dW^T = X^T dY
+  }
+  return r;
+}
+
+std::vector<KernelSpec> derive_kernels(const Experiment& exp) {
+  const StepPlan plan = build_step_plan(exp);
+  std::vector<KernelSpec> out;
+  std::set<std::string> seen;
+  for (const auto& st : plan.stages)
+    for (const auto& op : st.ops) {
+      if (op.type != OpType::compute) continue;
+      auto k = kernel_for_op(op, exp);
+      if (!k) continue;
+      if (seen.insert(k->spec.key()).second) out.push_back(k->spec);
+    }
+  return out;
+}
+
+std::vector<KernelSpec> grid_kernels(const std::vector<KernelSpec>& kernels) {
+  std::set<std::string> seen;
+  for (const auto& k : kernels) seen.insert(k.key());
+  std::vector<KernelSpec> out;
+  auto add = [&](const KernelSpec& k) {
+    if (seen.insert(k.key()).second) out.push_back(k);
+  };
+  for (const auto& k : kernels) {
+    if (k.kind == KernelClass::gemm) {
+      for (double f : {0.25, 0.5, 2.0}) {
+        KernelSpec g = k;
+        g.gemm.m = std::max<int64_t>(1, static_cast<int64_t>(std::llround(static_cast<double>(k.gemm.m) * f)));
+        add(g);
+      }
+    } else if (k.kind == KernelClass::memory) {
+      for (double f : {0.25, 4.0}) {
+        KernelSpec g = k;
+        g.bytes = k.bytes * f;
+        add(g);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace dtsim::calib

@@ -1,0 +1,75 @@
+// Names and applicability of the injected bugs (models/verify/verify.hpp).
+#include <string>
+#include <vector>
+
+#include "models/errors.hpp"
+#include "models/verify/verify.hpp"
+
+namespace dtsim::verify {
+
+const char* to_string(Injection i) {
+  switch (i) {
+    case Injection::none: return "none";
+    case Injection::tp_grad_avg: return "tp-grad-avg";
+    case Injection::dp_local_mean: return "dp-local-mean";
+    case Injection::cp_loss_scale: return "cp-loss-scale";
+    case Injection::adam_before_sync: return "adam-before-sync";
+    case Injection::dp_grad_sum: return "dp-grad-sum";
+    case Injection::cp_causal_local: return "cp-causal-local";
+    case Injection::zero_skip_param_gather: return "zero-skip-param-gather";
+    case Injection::pp_microbatch_swap: return "pp-microbatch-swap";
+  }
+  return "?";
+}
+
+std::vector<Injection> all_injections() {
+  return {Injection::tp_grad_avg,       Injection::dp_local_mean,   Injection::cp_loss_scale,
+          Injection::adam_before_sync,  Injection::dp_grad_sum,     Injection::cp_causal_local,
+          Injection::zero_skip_param_gather, Injection::pp_microbatch_swap};
+}
+
+Injection parse_injection(const std::string& name) {
+  if (name == "none") return Injection::none;
+  std::string valid;
+  for (Injection i : all_injections()) {
+    if (name == to_string(i)) return i;
+    valid += valid.empty() ? "" : ", ";
+    valid += to_string(i);
+  }
+  throw InputError("--inject " + name + ": unknown bug; valid: " + valid);
+}
+
+std::string injection_inapplicable(Injection inj, const Experiment& e) {
+  const Layout& l = e.layout;
+  const int64_t dpcp = l.dp * l.cp;
+  const int64_t m = e.training.accumulation(l);
+  switch (inj) {
+    case Injection::none: return "";
+    case Injection::tp_grad_avg: return l.tp > 1 ? "" : "needs layout.tp > 1";
+    case Injection::dp_local_mean:
+      return dpcp * m > 1 ? "" : "needs more than one local token shard (dp * cp * accumulation > 1)";
+    case Injection::cp_loss_scale: return l.cp > 1 ? "" : "needs layout.cp > 1";
+    case Injection::adam_before_sync: return dpcp > 1 ? "" : "needs a gradient sync (dp * cp > 1)";
+    case Injection::dp_grad_sum: return dpcp > 1 ? "" : "needs a gradient sync (dp * cp > 1)";
+    case Injection::cp_causal_local: return l.cp > 1 ? "" : "needs layout.cp > 1";
+    case Injection::zero_skip_param_gather:
+      return l.zero_stage >= 1 && dpcp > 1 ? "" : "needs layout.zero_stage >= 1 and dp * cp > 1";
+    case Injection::pp_microbatch_swap:
+      return l.pp > 1 && m > 1 ? "" : "needs layout.pp > 1 and more than one micro-batch";
+  }
+  return "";
+}
+
+bool VerifyReport::passed() const {
+  for (const auto& r : rules)
+    if (r.applicable && !r.passed) return false;
+  return true;
+}
+
+const RuleResult& VerifyReport::rule(const std::string& name) const {
+  for (const auto& r : rules)
+    if (r.name == name) return r;
+  throw InputError("verify report has no rule " + name);
+}
+
+}  // namespace dtsim::verify

@@ -1,0 +1,98 @@
+#pragma once
+// Dense double-precision matrices and the kernels of a tiny GPT-style block, for the
+// step-plan verifier (models/verify/verify.hpp). Nothing here knows about ranks or plans.
+//
+// Shapes: a Mat is row-major, element (i, j) at v[i * cols + j]. A "token matrix" holds one
+// token per row, samples one after another (row = sample * tokens_per_sample + position),
+// and one feature per column. Functions throw dtsim::InputError on mismatched shapes.
+//
+// Sources of the math (carried here):
+//  - Linear layers and their gradients, dA = dC B^T, dB = A^T dC: design/MATH.md section 1.
+//  - LayerNorm (Ba et al. 2016, arXiv 1607.06450) and RMSNorm (Zhang & Sennrich 2019,
+//    arXiv 1910.07467), epsilon 1e-5 (Megatron-LM's layernorm_epsilon default).
+//  - GeLU, exact erf form (Hendrycks & Gimpel 2016, arXiv 1606.08415 Eq. 1); SwiGLU
+//    silu(x W_gate) * (x W_up) (Shazeer 2020, arXiv 2002.05202 Eq. 6).
+//  - Rotary position embedding on consecutive pairs (2i, 2i+1), theta_i = 10000^(-2i/d)
+//    (Su et al. 2021, arXiv 2104.09864 Eq. 34).
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace dtsim::verify {
+
+struct Mat {
+  int64_t rows = 0, cols = 0;
+  std::vector<double> v;
+
+  Mat() = default;
+  Mat(int64_t r, int64_t c, double fill = 0.0);
+  double& at(int64_t i, int64_t j) { return v[static_cast<size_t>(i * cols + j)]; }
+  double at(int64_t i, int64_t j) const { return v[static_cast<size_t>(i * cols + j)]; }
+  double* row(int64_t i) { return v.data() + i * cols; }
+  const double* row(int64_t i) const { return v.data() + i * cols; }
+  int64_t size() const { return rows * cols; }
+  bool empty() const { return v.empty(); }
+};
+
+/// a b: (m x k) @ (k x n).
+Mat matmul(const Mat& a, const Mat& b);
+/// a^T b: (k x m)^T @ (k x n) -> m x n.
+Mat matmul_tn(const Mat& a, const Mat& b);
+/// a b^T: (m x k) @ (n x k)^T -> m x n.
+Mat matmul_nt(const Mat& a, const Mat& b);
+/// dst += src (same shape).
+void add_into(Mat& dst, const Mat& src);
+/// Columns [c0, c1) of a.
+Mat col_range(const Mat& a, int64_t c0, int64_t c1);
+/// dst[:, c0 : c0 + src.cols] = src.
+void set_col_range(Mat& dst, int64_t c0, const Mat& src);
+/// Column sums (length cols).
+std::vector<double> col_sums(const Mat& a);
+/// Adds bias (length cols) to every row.
+void add_row_vector(Mat& a, const double* bias);
+
+/// Token matrices of `samples` samples with `tokens` rows each: the rows of positions
+/// [t0, t1) of every sample, samples kept in order.
+Mat token_range(const Mat& a, int64_t samples, int64_t t0, int64_t t1);
+/// Inverse of token_range: writes src (samples x (t1 - t0) rows) into those rows of dst.
+void set_token_range(Mat& dst, int64_t samples, int64_t t0, const Mat& src);
+
+/// LayerNorm (layernorm == true: weight and bias, mean and variance) or RMSNorm (weight
+/// only, root mean square) over each row, epsilon kNormEps. `bias` may be null for RMSNorm.
+inline constexpr double kNormEps = 1e-5;
+struct NormCache {
+  Mat xhat;                   // normalized input, before the weight
+  std::vector<double> rstd;  // 1 / sqrt(var + eps) (or 1 / rms) per row
+};
+Mat norm_forward(const Mat& x, const double* weight, const double* bias, bool layernorm, NormCache& cache);
+/// Returns dx; adds the weight and bias gradients (length cols) into dweight / dbias
+/// (dbias may be null for RMSNorm).
+Mat norm_backward(const Mat& dy, const double* weight, bool layernorm, const NormCache& cache, double* dweight,
+                  double* dbias);
+
+double gelu(double x);
+double gelu_grad(double x);
+double silu(double x);
+double silu_grad(double x);
+
+/// Rotates each head's consecutive pairs of the token matrix x (heads * head_dim columns)
+/// by position * theta_i; `position[r]` is the sequence position of row r. `inverse`
+/// rotates by the opposite angle (the backward of the forward rotation).
+void rope_apply(Mat& x, int64_t heads, int64_t head_dim, const std::vector<int64_t>& position, bool inverse);
+
+/// Deterministic random numbers: std::mt19937_64 (its output sequence is fixed by the C++
+/// standard) with explicit distribution code, since std::uniform_*_distribution differs
+/// between standard libraries.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : g_(seed) {}
+  /// Uniform in [-1, 1): the top 53 bits as a fraction.
+  double uniform() { return static_cast<double>(g_() >> 11) * 0x1.0p-53 * 2.0 - 1.0; }
+  /// Uniform integer in [0, n), n > 0 (modulo bias below 2^-50 for the small n used here).
+  int64_t below(int64_t n) { return static_cast<int64_t>(g_() % static_cast<uint64_t>(n)); }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+}  // namespace dtsim::verify

@@ -1,0 +1,504 @@
+#include "models/verify/tiny_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+
+namespace dtsim::verify {
+
+const char* to_string(PKind k) {
+  switch (k) {
+    case PKind::embed_word: return "embedding.word";
+    case PKind::embed_pos: return "embedding.position";
+    case PKind::ln1_w: return "input_norm.weight";
+    case PKind::ln1_b: return "input_norm.bias";
+    case PKind::wq: return "attention.wq";
+    case PKind::wk: return "attention.wk";
+    case PKind::wv: return "attention.wv";
+    case PKind::bq: return "attention.bq";
+    case PKind::bk: return "attention.bk";
+    case PKind::bv: return "attention.bv";
+    case PKind::wo: return "attention.out_proj.weight";
+    case PKind::bo: return "attention.out_proj.bias";
+    case PKind::ln2_w: return "post_attention_norm.weight";
+    case PKind::ln2_b: return "post_attention_norm.bias";
+    case PKind::wu: return "mlp.up.weight";
+    case PKind::bu: return "mlp.up.bias";
+    case PKind::wg: return "mlp.gate.weight";
+    case PKind::wd: return "mlp.down.weight";
+    case PKind::bd: return "mlp.down.bias";
+    case PKind::final_w: return "final_norm.weight";
+    case PKind::final_b: return "final_norm.bias";
+    case PKind::head_w: return "lm_head.weight";
+  }
+  return "?";
+}
+
+const char* to_string(Probe p) {
+  switch (p) {
+    case Probe::x_in: return "layer input";
+    case Probe::ln1_out: return "input_norm output";
+    case Probe::q: return "Q";
+    case Probe::k: return "K";
+    case Probe::v: return "V";
+    case Probe::ctx: return "attention output";
+    case Probe::attn_out: return "out_proj output";
+    case Probe::x_mid: return "residual after attention";
+    case Probe::ln2_out: return "post_attention_norm output";
+    case Probe::mlp_out: return "mlp_down output";
+    case Probe::x_out: return "layer output";
+    case Probe::d_x_out: return "grad of layer output";
+    case Probe::d_ln2_out: return "grad of post_attention_norm output";
+    case Probe::d_x_mid: return "grad of residual after attention";
+    case Probe::d_ctx: return "grad of attention output";
+    case Probe::dq: return "dQ";
+    case Probe::dk: return "dK";
+    case Probe::dv: return "dV";
+    case Probe::d_ln1_out: return "grad of input_norm output";
+    case Probe::d_x_in: return "grad of layer input";
+    case Probe::embed_out: return "embedding output";
+    case Probe::final_ln_out: return "final_norm output";
+    case Probe::d_final_ln_out: return "grad of final_norm output";
+    case Probe::d_embed_out: return "grad of embedding output";
+  }
+  return "?";
+}
+
+namespace {
+
+int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit; }
+
+}  // namespace
+
+Experiment shrink_experiment(const Experiment& e) {
+  validate_experiment(e);
+  Experiment s = e;
+  const Layout& l = e.layout;
+  const int64_t t = l.tp;
+  ModelSpec& m = s.model;
+  m.name = e.model.name + " (shrunk for dtsim verify)";
+  const int64_t per_rank = t >= 4 ? 1 : std::min<int64_t>(2, e.model.heads / t);
+  m.heads = t * per_rank;
+  m.kv_heads = e.model.kv_heads < e.model.heads ? t : m.heads;
+  const int64_t hd = t >= 4 ? 2 : 4;
+  m.hidden = m.heads * hd;
+  m.ffn_hidden = 2 * m.hidden;
+  m.vocab = round_up(std::max<int64_t>(16, 4 * t), t);
+  m.layers = l.pp * l.vp * (l.pp <= 2 ? 2 : 1);
+  const int64_t unit = l.cp * (l.sequence_parallel && t > 1 ? t : 1);
+  s.training.seq_len = round_up(std::max<int64_t>(4, 2 * l.cp), unit);
+  m.max_position_embeddings = m.position == Position::learned ? s.training.seq_len : 0;
+  s.training.micro_batch = std::min<int64_t>(e.training.micro_batch, 2);
+  // Interleaving needs the micro-batches to be a multiple of pp (Megatron-LM): use pp.
+  const int64_t accum = l.schedule == Schedule::interleaved ? l.pp : std::min<int64_t>(e.training.accumulation(l), 4);
+  s.training.global_batch = s.training.micro_batch * l.dp * accum;
+  validate_experiment(s);
+  return s;
+}
+
+TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
+  const ModelSpec& m = exp.model;
+  V = m.vocab;
+  h = m.hidden;
+  heads = m.heads;
+  kv_heads = m.kv_heads;
+  hd = m.head_dim();
+  ffn = m.ffn_hidden;
+  layers = m.layers;
+  seq = exp.training.seq_len;
+  micro_batch = exp.training.micro_batch;
+  accumulation = exp.training.accumulation(exp.layout);
+  samples = exp.training.global_batch;
+  bias = m.activation == Activation::gelu;  // models/flops.hpp: has_linear_biases
+  layernorm = m.norm == Norm::layernorm;
+  learned_pos = m.position == Position::learned;
+  rope = m.position == Position::rope;
+  tied = m.tied_embeddings;
+  swiglu = m.activation == Activation::swiglu;
+  if (h != heads * hd) throw InputError("verify: the tiny model needs hidden = heads * head_dim");
+  if (rope && hd % 2 != 0) throw InputError("verify: RoPE needs an even head_dim");
+  auto add = [&](PKind k, int layer, int64_t r, int64_t c) {
+    segs.push_back(PSeg{k, layer, r, c, total_params});
+    total_params += r * c;
+  };
+  add(PKind::embed_word, -1, V, h);
+  if (learned_pos) add(PKind::embed_pos, -1, seq, h);
+  for (int l = 0; l < static_cast<int>(layers); ++l) {
+    add(PKind::ln1_w, l, 1, h);
+    if (layernorm) add(PKind::ln1_b, l, 1, h);
+    add(PKind::wq, l, h, heads * hd);
+    add(PKind::wk, l, h, kv_heads * hd);
+    add(PKind::wv, l, h, kv_heads * hd);
+    if (bias) {
+      add(PKind::bq, l, 1, heads * hd);
+      add(PKind::bk, l, 1, kv_heads * hd);
+      add(PKind::bv, l, 1, kv_heads * hd);
+    }
+    add(PKind::wo, l, heads * hd, h);
+    if (bias) add(PKind::bo, l, 1, h);
+    add(PKind::ln2_w, l, 1, h);
+    if (layernorm) add(PKind::ln2_b, l, 1, h);
+    add(PKind::wu, l, h, ffn);
+    if (bias) add(PKind::bu, l, 1, ffn);
+    if (swiglu) add(PKind::wg, l, h, ffn);
+    add(PKind::wd, l, ffn, h);
+    if (bias) add(PKind::bd, l, 1, h);
+  }
+  add(PKind::final_w, -1, 1, h);
+  if (layernorm) add(PKind::final_b, -1, 1, h);
+  if (!tied) add(PKind::head_w, -1, V, h);
+}
+
+const PSeg& TinyModel::seg(PKind k, int layer) const {
+  for (const auto& s : segs)
+    if (s.kind == k && s.layer == layer) return s;
+  throw InputError(std::string("verify: the tiny model has no parameter ") + to_string(k) + " in layer " +
+                   std::to_string(layer));
+}
+
+bool TinyModel::has(PKind k, int layer) const {
+  for (const auto& s : segs)
+    if (s.kind == k && s.layer == layer) return true;
+  return false;
+}
+
+const Mat& RefStep::probe(Probe p, int layer) const {
+  auto it = probes.find({p, layer});
+  if (it == probes.end())
+    throw InputError(std::string("verify: the reference recorded no ") + to_string(p) + " for layer " +
+                     std::to_string(layer));
+  return it->second;
+}
+
+std::vector<double> init_params(const TinyModel& m, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<double> p(static_cast<size_t>(m.total_params), 0.0);
+  for (const auto& s : m.segs) {
+    double scale = 1.0, shift = 0.0;
+    switch (s.kind) {
+      case PKind::embed_word:
+      case PKind::embed_pos: scale = 0.5; break;
+      case PKind::ln1_w:
+      case PKind::ln2_w:
+      case PKind::final_w: scale = 0.1; shift = 1.0; break;
+      case PKind::ln1_b:
+      case PKind::ln2_b:
+      case PKind::final_b:
+      case PKind::bq:
+      case PKind::bk:
+      case PKind::bv:
+      case PKind::bo:
+      case PKind::bu:
+      case PKind::bd: scale = 0.1; break;
+      case PKind::head_w: scale = 1.0 / std::sqrt(static_cast<double>(s.cols)); break;
+      default: scale = 1.0 / std::sqrt(static_cast<double>(s.rows)); break;  // fan-in = rows
+    }
+    for (int64_t i = 0; i < s.rows * s.cols; ++i) p[static_cast<size_t>(s.offset + i)] = shift + scale * rng.uniform();
+  }
+  return p;
+}
+
+Batch make_batch(const TinyModel& m, uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  b.samples = m.samples;
+  b.seq = m.seq;
+  const size_t n = static_cast<size_t>(m.samples * m.seq);
+  b.tokens.resize(n);
+  b.labels.resize(n);
+  b.valid.assign(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    b.tokens[i] = rng.below(m.V);
+    b.labels[i] = rng.below(m.V);
+  }
+  // Trailing padding: 1 .. seq/2 masked labels on every sequence but the first.
+  for (int64_t s = 1; s < m.samples; ++s) {
+    const int64_t pad = 1 + rng.below(std::max<int64_t>(1, m.seq / 2));
+    for (int64_t t = m.seq - pad; t < m.seq; ++t) b.valid[static_cast<size_t>(s * m.seq + t)] = 0;
+  }
+  if (m.samples == 1) b.valid[static_cast<size_t>(m.seq - 1)] = 0;  // one sequence: still pad one
+  for (uint8_t v : b.valid) b.n_valid += v;
+  return b;
+}
+
+refmath::AdamHyper verify_adam() {
+  refmath::AdamHyper hp;
+  hp.lr = 1e-2;
+  hp.beta1 = 0.9;
+  hp.beta2 = 0.999;
+  hp.eps = 1e-8;
+  return hp;
+}
+
+namespace {
+
+/// View of one parameter as a matrix (copy) and a pointer into a flat vector.
+Mat param_mat(const TinyModel& m, const std::vector<double>& p, PKind k, int layer) {
+  const PSeg& s = m.seg(k, layer);
+  Mat w(s.rows, s.cols);
+  std::copy(p.begin() + s.offset, p.begin() + s.offset + s.rows * s.cols, w.v.begin());
+  return w;
+}
+const double* param_ptr(const TinyModel& m, const std::vector<double>& p, PKind k, int layer = -1) {
+  return p.data() + m.seg(k, layer).offset;
+}
+double* grad_ptr(const TinyModel& m, std::vector<double>& g, PKind k, int layer) {
+  return g.data() + m.seg(k, layer).offset;
+}
+void add_grad(const TinyModel& m, std::vector<double>& g, PKind k, int layer, const Mat& d) {
+  double* dst = grad_ptr(m, g, k, layer);
+  for (int64_t i = 0; i < d.size(); ++i) dst[i] += d.v[static_cast<size_t>(i)];
+}
+void add_grad(const TinyModel& m, std::vector<double>& g, PKind k, int layer, const std::vector<double>& d) {
+  double* dst = grad_ptr(m, g, k, layer);
+  for (size_t i = 0; i < d.size(); ++i) dst[i] += d[i];
+}
+
+/// Full causal attention of one batch (no sharding), per sample and head (GQA: query head
+/// j reads key/value head j / (heads / kv_heads)); scale 1/sqrt(hd).
+struct AttnCache {
+  std::vector<Mat> probs;  // per (sample, head): seq x seq
+};
+Mat attention_forward(const TinyModel& m, const Mat& q, const Mat& k, const Mat& v, AttnCache& c) {
+  const int64_t S = m.seq, group = m.heads / m.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(m.hd));
+  Mat ctx(q.rows, q.cols);
+  c.probs.clear();
+  for (int64_t s = 0; s < m.samples; ++s)
+    for (int64_t hh = 0; hh < m.heads; ++hh) {
+      const int64_t kh = hh / group;
+      Mat p(S, S);
+      for (int64_t t = 0; t < S; ++t) {
+        double mx = -INFINITY;
+        for (int64_t u = 0; u <= t; ++u) {
+          double dot = 0;
+          for (int64_t d = 0; d < m.hd; ++d) dot += q.at(s * S + t, hh * m.hd + d) * k.at(s * S + u, kh * m.hd + d);
+          p.at(t, u) = dot * scale;
+          mx = std::max(mx, p.at(t, u));
+        }
+        double z = 0;
+        for (int64_t u = 0; u <= t; ++u) z += (p.at(t, u) = std::exp(p.at(t, u) - mx));
+        for (int64_t u = 0; u <= t; ++u) p.at(t, u) /= z;
+        for (int64_t u = t + 1; u < S; ++u) p.at(t, u) = 0;
+        for (int64_t d = 0; d < m.hd; ++d) {
+          double acc = 0;
+          for (int64_t u = 0; u <= t; ++u) acc += p.at(t, u) * v.at(s * S + u, kh * m.hd + d);
+          ctx.at(s * S + t, hh * m.hd + d) = acc;
+        }
+      }
+      c.probs.push_back(std::move(p));
+    }
+  return ctx;
+}
+void attention_backward(const TinyModel& m, const Mat& q, const Mat& k, const Mat& v, const AttnCache& c,
+                        const Mat& dctx, Mat& dq, Mat& dk, Mat& dv) {
+  const int64_t S = m.seq, group = m.heads / m.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(m.hd));
+  dq = Mat(q.rows, q.cols);
+  dk = Mat(k.rows, k.cols);
+  dv = Mat(v.rows, v.cols);
+  size_t idx = 0;
+  for (int64_t s = 0; s < m.samples; ++s)
+    for (int64_t hh = 0; hh < m.heads; ++hh) {
+      const int64_t kh = hh / group;
+      const Mat& p = c.probs[idx++];
+      for (int64_t t = 0; t < S; ++t) {
+        std::vector<double> dp(static_cast<size_t>(t + 1));
+        double sum = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double x = 0;
+          for (int64_t d = 0; d < m.hd; ++d) {
+            x += dctx.at(s * S + t, hh * m.hd + d) * v.at(s * S + u, kh * m.hd + d);
+            dv.at(s * S + u, kh * m.hd + d) += p.at(t, u) * dctx.at(s * S + t, hh * m.hd + d);
+          }
+          dp[static_cast<size_t>(u)] = x;
+          sum += p.at(t, u) * x;
+        }
+        for (int64_t u = 0; u <= t; ++u) {
+          const double ds = p.at(t, u) * (dp[static_cast<size_t>(u)] - sum) * scale;
+          for (int64_t d = 0; d < m.hd; ++d) {
+            dq.at(s * S + t, hh * m.hd + d) += ds * k.at(s * S + u, kh * m.hd + d);
+            dk.at(s * S + u, kh * m.hd + d) += ds * q.at(s * S + t, hh * m.hd + d);
+          }
+        }
+      }
+    }
+}
+
+
+}  // namespace
+
+RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const Batch& batch) {
+  RefStep r;
+  r.grad.assign(p.size(), 0.0);
+  const int64_t T = m.samples * m.seq;
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) pos[static_cast<size_t>(i)] = i % m.seq;
+  auto put = [&](Probe pr, int layer, const Mat& x) { r.probes[{pr, layer}] = x; };
+
+  // ---- forward ----
+  Mat x(T, m.h);
+  const PSeg& word = m.seg(PKind::embed_word);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < m.h; ++j) {
+      x.at(i, j) = p[static_cast<size_t>(word.offset + batch.tokens[static_cast<size_t>(i)] * m.h + j)];
+      if (m.learned_pos) x.at(i, j) += p[static_cast<size_t>(m.seg(PKind::embed_pos).offset + (i % m.seq) * m.h + j)];
+    }
+  put(Probe::embed_out, -1, x);
+  struct LayerCache {
+    Mat x_in, n1, q, k, v, ctx, x_mid, n2, u, g, act;
+    NormCache c1, c2;
+    AttnCache att;
+  };
+  std::vector<LayerCache> lc(static_cast<size_t>(m.layers));
+  for (int l = 0; l < static_cast<int>(m.layers); ++l) {
+    LayerCache& c = lc[static_cast<size_t>(l)];
+    c.x_in = x;
+    put(Probe::x_in, l, x);
+    c.n1 = norm_forward(x, param_ptr(m, p, PKind::ln1_w, l), m.layernorm ? param_ptr(m, p, PKind::ln1_b, l) : nullptr,
+                        m.layernorm, c.c1);
+    put(Probe::ln1_out, l, c.n1);
+    c.q = matmul(c.n1, param_mat(m, p, PKind::wq, l));
+    c.k = matmul(c.n1, param_mat(m, p, PKind::wk, l));
+    c.v = matmul(c.n1, param_mat(m, p, PKind::wv, l));
+    if (m.bias) {
+      add_row_vector(c.q, param_ptr(m, p, PKind::bq, l));
+      add_row_vector(c.k, param_ptr(m, p, PKind::bk, l));
+      add_row_vector(c.v, param_ptr(m, p, PKind::bv, l));
+    }
+    if (m.rope) {
+      rope_apply(c.q, m.heads, m.hd, pos, false);
+      rope_apply(c.k, m.kv_heads, m.hd, pos, false);
+    }
+    put(Probe::q, l, c.q);
+    put(Probe::k, l, c.k);
+    put(Probe::v, l, c.v);
+    c.ctx = attention_forward(m, c.q, c.k, c.v, c.att);
+    put(Probe::ctx, l, c.ctx);
+    Mat ao = matmul(c.ctx, param_mat(m, p, PKind::wo, l));
+    put(Probe::attn_out, l, ao);
+    c.x_mid = c.x_in;
+    add_into(c.x_mid, ao);
+    if (m.bias) add_row_vector(c.x_mid, param_ptr(m, p, PKind::bo, l));
+    put(Probe::x_mid, l, c.x_mid);
+    c.n2 = norm_forward(c.x_mid, param_ptr(m, p, PKind::ln2_w, l),
+                        m.layernorm ? param_ptr(m, p, PKind::ln2_b, l) : nullptr, m.layernorm, c.c2);
+    put(Probe::ln2_out, l, c.n2);
+    c.u = matmul(c.n2, param_mat(m, p, PKind::wu, l));
+    if (m.bias) add_row_vector(c.u, param_ptr(m, p, PKind::bu, l));
+    c.act = Mat(c.u.rows, c.u.cols);
+    if (m.swiglu) {
+      c.g = matmul(c.n2, param_mat(m, p, PKind::wg, l));
+      for (int64_t i = 0; i < c.u.size(); ++i) c.act.v[static_cast<size_t>(i)] = silu(c.g.v[static_cast<size_t>(i)]) * c.u.v[static_cast<size_t>(i)];
+    } else {
+      for (int64_t i = 0; i < c.u.size(); ++i) c.act.v[static_cast<size_t>(i)] = gelu(c.u.v[static_cast<size_t>(i)]);
+    }
+    Mat mo = matmul(c.act, param_mat(m, p, PKind::wd, l));
+    put(Probe::mlp_out, l, mo);
+    x = c.x_mid;
+    add_into(x, mo);
+    if (m.bias) add_row_vector(x, param_ptr(m, p, PKind::bd, l));
+    put(Probe::x_out, l, x);
+  }
+  NormCache cf;
+  const Mat nf = norm_forward(x, param_ptr(m, p, PKind::final_w), m.layernorm ? param_ptr(m, p, PKind::final_b) : nullptr,
+                              m.layernorm, cf);
+  put(Probe::final_ln_out, -1, nf);
+  const PKind head = m.tied ? PKind::embed_word : PKind::head_w;
+  const Mat W = param_mat(m, p, head, -1);  // V x h
+  const Mat logits = matmul_nt(nf, W);      // T x V
+  Mat dlogits(T, m.V);
+  const double inv_n = 1.0 / static_cast<double>(batch.n_valid);
+  for (int64_t i = 0; i < T; ++i) {
+    if (!batch.valid[static_cast<size_t>(i)]) continue;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < m.V; ++j) mx = std::max(mx, logits.at(i, j));
+    double z = 0;
+    for (int64_t j = 0; j < m.V; ++j) z += std::exp(logits.at(i, j) - mx);
+    const int64_t y = batch.labels[static_cast<size_t>(i)];
+    r.loss += (std::log(z) + mx - logits.at(i, y)) * inv_n;
+    for (int64_t j = 0; j < m.V; ++j) dlogits.at(i, j) = std::exp(logits.at(i, j) - mx) / z * inv_n;
+    dlogits.at(i, y) -= inv_n;
+  }
+
+  // ---- backward ----
+  const Mat dnf = matmul(dlogits, W);
+  put(Probe::d_final_ln_out, -1, dnf);
+  add_grad(m, r.grad, head, -1, matmul_tn(dlogits, nf));
+  Mat dx = norm_backward(dnf, param_ptr(m, p, PKind::final_w), m.layernorm, cf, grad_ptr(m, r.grad, PKind::final_w, -1),
+                         m.layernorm ? grad_ptr(m, r.grad, PKind::final_b, -1) : nullptr);
+  for (int l = static_cast<int>(m.layers) - 1; l >= 0; --l) {
+    LayerCache& c = lc[static_cast<size_t>(l)];
+    put(Probe::d_x_out, l, dx);
+    if (m.bias) add_grad(m, r.grad, PKind::bd, l, col_sums(dx));
+    add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dx));
+    const Mat dact = matmul_nt(dx, param_mat(m, p, PKind::wd, l));
+    Mat du(dact.rows, dact.cols), dg;
+    if (m.swiglu) {
+      dg = Mat(dact.rows, dact.cols);
+      for (int64_t i = 0; i < dact.size(); ++i) {
+        const size_t ii = static_cast<size_t>(i);
+        du.v[ii] = dact.v[ii] * silu(c.g.v[ii]);
+        dg.v[ii] = dact.v[ii] * c.u.v[ii] * silu_grad(c.g.v[ii]);
+      }
+    } else {
+      for (int64_t i = 0; i < dact.size(); ++i)
+        du.v[static_cast<size_t>(i)] = dact.v[static_cast<size_t>(i)] * gelu_grad(c.u.v[static_cast<size_t>(i)]);
+    }
+    add_grad(m, r.grad, PKind::wu, l, matmul_tn(c.n2, du));
+    if (m.bias) add_grad(m, r.grad, PKind::bu, l, col_sums(du));
+    Mat dn2 = matmul_nt(du, param_mat(m, p, PKind::wu, l));
+    if (m.swiglu) {
+      add_grad(m, r.grad, PKind::wg, l, matmul_tn(c.n2, dg));
+      add_into(dn2, matmul_nt(dg, param_mat(m, p, PKind::wg, l)));
+    }
+    put(Probe::d_ln2_out, l, dn2);
+    Mat dmid = norm_backward(dn2, param_ptr(m, p, PKind::ln2_w, l), m.layernorm, c.c2,
+                             grad_ptr(m, r.grad, PKind::ln2_w, l),
+                             m.layernorm ? grad_ptr(m, r.grad, PKind::ln2_b, l) : nullptr);
+    add_into(dmid, dx);
+    put(Probe::d_x_mid, l, dmid);
+    if (m.bias) add_grad(m, r.grad, PKind::bo, l, col_sums(dmid));
+    add_grad(m, r.grad, PKind::wo, l, matmul_tn(c.ctx, dmid));
+    const Mat dctx = matmul_nt(dmid, param_mat(m, p, PKind::wo, l));
+    put(Probe::d_ctx, l, dctx);
+    Mat dq, dk, dv;
+    attention_backward(m, c.q, c.k, c.v, c.att, dctx, dq, dk, dv);
+    put(Probe::dq, l, dq);
+    put(Probe::dk, l, dk);
+    put(Probe::dv, l, dv);
+    if (m.rope) {
+      rope_apply(dq, m.heads, m.hd, pos, true);
+      rope_apply(dk, m.kv_heads, m.hd, pos, true);
+    }
+    add_grad(m, r.grad, PKind::wq, l, matmul_tn(c.n1, dq));
+    add_grad(m, r.grad, PKind::wk, l, matmul_tn(c.n1, dk));
+    add_grad(m, r.grad, PKind::wv, l, matmul_tn(c.n1, dv));
+    if (m.bias) {
+      add_grad(m, r.grad, PKind::bq, l, col_sums(dq));
+      add_grad(m, r.grad, PKind::bk, l, col_sums(dk));
+      add_grad(m, r.grad, PKind::bv, l, col_sums(dv));
+    }
+    Mat dn1 = matmul_nt(dq, param_mat(m, p, PKind::wq, l));
+    add_into(dn1, matmul_nt(dk, param_mat(m, p, PKind::wk, l)));
+    add_into(dn1, matmul_nt(dv, param_mat(m, p, PKind::wv, l)));
+    put(Probe::d_ln1_out, l, dn1);
+    dx = norm_backward(dn1, param_ptr(m, p, PKind::ln1_w, l), m.layernorm, c.c1, grad_ptr(m, r.grad, PKind::ln1_w, l),
+                       m.layernorm ? grad_ptr(m, r.grad, PKind::ln1_b, l) : nullptr);
+    add_into(dx, dmid);
+    put(Probe::d_x_in, l, dx);
+  }
+  put(Probe::d_embed_out, -1, dx);
+  double* gw = grad_ptr(m, r.grad, PKind::embed_word, -1);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < m.h; ++j) {
+      gw[batch.tokens[static_cast<size_t>(i)] * m.h + j] += dx.at(i, j);
+      if (m.learned_pos) grad_ptr(m, r.grad, PKind::embed_pos, -1)[(i % m.seq) * m.h + j] += dx.at(i, j);
+    }
+  return r;
+}
+
+}  // namespace dtsim::verify

@@ -1,0 +1,119 @@
+#pragma once
+// The tiny model the step-plan verifier runs (models/verify/verify.hpp): an experiment's
+// layout with its model shrunk to a few layers, a small hidden size and vocabulary, its
+// parameters and data drawn from a fixed seed, and the single-device reference step
+// (forward, backward, Adam) every parallel execution is compared with.
+//
+// The block is the one dtsim's plans describe (models/flops.hpp): pre-norm GPT / Llama
+// block, QKV -> causal attention (GQA, optional RoPE) -> output projection -> residual,
+// norm -> MLP (GeLU, or SwiGLU with a gate) -> residual; linear biases exactly when the
+// activation is GeLU (the flops.hpp rule); a word embedding (plus learned positions), a
+// final norm and an LM head (tied to the word embedding or not); next-token cross
+// entropy, the MEAN OVER VALID TOKENS with the GLOBAL count as denominator
+// (design/MATH.md section 1). Dropout is the identity (p = 0).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/experiment.hpp"
+#include "models/reference_math.hpp"
+#include "models/verify/tensor.hpp"
+
+namespace dtsim::verify {
+
+/// The experiment with its model and batch shrunk so that every divisibility rule of the
+/// layout still holds; layout (dp, tp, cp, pp, vp, zero_stage, sequence_parallel,
+/// recompute), cluster and training flags are kept. Rules:
+///  - heads: 1 per TP rank when tp >= 4, else 2 (or 1 when the model has fewer);
+///    kv_heads: one per TP rank when the model uses GQA (kv_heads < heads), else = heads;
+///  - head_dim 2 when tp >= 4, else 4 (even, for RoPE); hidden = heads * head_dim;
+///    ffn_hidden = 2 * hidden; vocab = max(16, 4 tp) rounded up to a multiple of tp;
+///  - layers: 2 per pipeline stage when pp <= 2, else 1 (times vp);
+///  - seq_len: the smallest multiple of cp * (tp when sequence parallel) that is >= 4 and
+///    >= 2 cp; learned positions get max_position_embeddings = seq_len;
+///  - micro_batch = min(micro_batch, 2); accumulation = min(accumulation, 4) (pp with the
+///    interleaved schedule, which needs a multiple of pp);
+///    global_batch = micro_batch * dp * accumulation.
+/// Throws InputError when the layout itself is invalid.
+Experiment shrink_experiment(const Experiment& e);
+
+/// Which global parameter tensor (unsharded, as on one device).
+enum class PKind {
+  embed_word,  // V x h
+  embed_pos,   // seq x h (learned positions only)
+  ln1_w, ln1_b,
+  wq, wk, wv,  // h x heads*hd, h x kv*hd, h x kv*hd
+  bq, bk, bv,  // biases (GeLU models only)
+  wo, bo,      // heads*hd x h, h
+  ln2_w, ln2_b,
+  wu, bu,      // h x ffn, ffn
+  wg,          // h x ffn (SwiGLU only)
+  wd, bd,      // ffn x h, h
+  final_w, final_b,
+  head_w,      // V x h (untied only); logits = x head_w^T
+};
+const char* to_string(PKind);
+
+struct PSeg {
+  PKind kind = PKind::embed_word;
+  int layer = -1;  // -1 for embedding / final norm / head
+  int64_t rows = 0, cols = 0;
+  int64_t offset = 0;  // into the flat parameter vector
+};
+
+/// Dimensions of the tiny model and its batch.
+struct TinyModel {
+  Experiment exp;  // the shrunk experiment (its plan is what the verifier interprets)
+  int64_t V = 0, h = 0, heads = 0, kv_heads = 0, hd = 0, ffn = 0, layers = 0;
+  int64_t seq = 0, micro_batch = 0, accumulation = 0, samples = 0;  // samples = global batch
+  bool bias = false, layernorm = true, learned_pos = true, tied = false, swiglu = false, rope = false;
+  std::vector<PSeg> segs;
+  int64_t total_params = 0;
+
+  explicit TinyModel(const Experiment& shrunk);
+  const PSeg& seg(PKind k, int layer = -1) const;
+  bool has(PKind k, int layer = -1) const;
+};
+
+/// Parameters drawn from `seed`: weights uniform in [-1,1) / sqrt(fan_in), biases
+/// 0.1 x uniform, norm weights 1 + 0.1 x uniform, norm biases 0.1 x uniform, embeddings
+/// 0.5 x uniform.
+std::vector<double> init_params(const TinyModel& m, uint64_t seed);
+
+/// One optimizer step's data: `samples` sequences of `seq` tokens. Labels are masked
+/// (valid = 0) on a random number >= 1 of trailing positions of every sequence but the
+/// first, so ranks and micro-batches hold unequal numbers of valid tokens.
+struct Batch {
+  int64_t samples = 0, seq = 0;
+  std::vector<int64_t> tokens, labels;  // samples x seq
+  std::vector<uint8_t> valid;
+  int64_t n_valid = 0;  // global count: the loss denominator
+};
+Batch make_batch(const TinyModel& m, uint64_t seed);
+
+/// Tensors of the reference forward / backward that the verifier compares with, each a
+/// token matrix over the whole batch (samples x seq rows) in the global column order.
+enum class Probe {
+  x_in, ln1_out, q, k, v, ctx, attn_out, x_mid, ln2_out, mlp_out, x_out,  // per layer
+  d_x_out, d_ln2_out, d_x_mid, d_ctx, dq, dk, dv, d_ln1_out, d_x_in,      // per layer
+  embed_out, final_ln_out, d_final_ln_out, d_embed_out,                    // layer -1
+};
+const char* to_string(Probe);
+
+struct RefStep {
+  double loss = 0;                 // sum over valid tokens of token losses / n_valid
+  std::vector<double> grad;        // dL/dparams, flat as the parameters
+  std::map<std::pair<Probe, int>, Mat> probes;  // (probe, layer) -> token matrix
+  const Mat& probe(Probe p, int layer) const;
+};
+
+/// The single-device step: forward, loss, backward (no parallelism, no recompute).
+RefStep reference_step(const TinyModel& m, const std::vector<double>& params, const Batch& batch);
+
+/// Adam hyper-parameters of the verifier (Kingma & Ba 2015 defaults for the betas and eps;
+/// lr 1e-2 so that a step moves parameters far beyond rounding).
+refmath::AdamHyper verify_adam();
+
+}  // namespace dtsim::verify

@@ -1,0 +1,131 @@
+#pragma once
+// `dtsim verify`: executes the simulator's step plan (models/plan.hpp, build_step_plan)
+// on small real tensors and checks that every rank ends with the loss, gradients and
+// parameters one device would compute (design/MATH.md sections 1-3).
+//
+// What runs: the experiment's layout (dp, tp, cp, pp, zero_stage, sequence_parallel,
+// recompute, flash_attention, ...) with the model shrunk (models/verify/tiny_model.hpp),
+// in double precision, on a fixed-seed batch whose sequences hold unequal numbers of valid
+// tokens. Every rank's tensors live in this process. The plan of each pipeline stage is
+// walked op by op for every rank of the stage: compute ops by their name (a stable op
+// identity: "qkv", "attention_remote", "mlp_down_wgrad", ...), collectives as the op says
+// (Op::collective, Op::reduce SUM/AVG, Op::group resolved with RankGrid, issue/wait),
+// P2P messages matched by micro-batch. Nothing of the plan's rules is re-derived here.
+//
+// Semantics the interpreter fixes (documented, checked where possible):
+//  - A TP collective named tp_allreduce / tp_reducescatter / tp_allgather / pp_tp_allgather
+//    acts on the tensor the stage's chain of ops produced last (forward: the activation;
+//    backward: the gradient), blocking or issued and delivered at its wait (the ops in
+//    between, weight gradients, must not move the chain on). AllReduce / ReduceScatter apply
+//    Op::reduce; ReduceScatter and AllGather split the sequence (sequence parallelism,
+//    Korthikanti 2022 Sec 4.2.2) or, after a P2P receive, the flattened tensor (Megatron's
+//    scatter/gather of stage messages, Narayanan 2021 Sec 4.1).
+//  - Other collectives act on the tensor their name identifies: tp_allgather_input the
+//    sequence shard of the norm output feeding the column-parallel layer being
+//    back-propagated; cp_kv_allgather K/V of the layer; cp_dkv_reducescatter dK/dV of every
+//    CP block; tp_allreduce_loss_max / tp_allreduce_loss (x2) the vocab-parallel cross
+//    entropy's logit maximum, target logit and sum of exponentials, in Megatron's order;
+//    dp_grad_* the completed gradients (below); dp_param_allgather parameters from their
+//    owners (a layer's, or with layer -1 those no per-layer gather covers);
+//    embedding_grad_allreduce the tied word-embedding gradient of the first stage and the
+//    last stage's copy over GroupKind::EMB (both stages must reach it).
+//  - Asynchronous collectives read their input at `issue` and deliver at `wait`, except
+//    cp_dkv_reducescatter, which reads at `wait`: ring attention streams dK/dV blocks into
+//    the ring while attention_bwd_remote produces them (the plan issues it before that op).
+//  - Row-parallel biases are added after the TP reduction (Megatron's bias-dropout-add);
+//    the vocab-parallel embedding adds learned positions on TP rank 0 only.
+//  - The loss of a rank's micro-batch is sum(token losses) x |DPxCP| / N_global, so that
+//    the plan's DP AVG of gradients gives the global mean over valid tokens.
+//  - What a rank keeps between forward and backward follows the layout: with sequence
+//    parallelism only the sequence shard of a norm output (backward re-gathers it); with
+//    recompute=full only the layer input; with selective, not the attention core; K/V of
+//    other CP ranks are not kept; ZeRO-3 frees gathered layer parameters after use
+//    (poisoned with NaN). A missing recompute or gather shows as a missing tensor.
+//  - DP gradient collectives act on the parameters whose gradients are complete (no later
+//    op of the step, or of the micro-batch under ZeRO-3 / reduce_every_micro_batch, writes
+//    them; which op writes which gradient is a table by op name, checked against the
+//    writes the execution makes) and not reduced yet; their element count must match
+//    Op::size_bytes. A ReduceScatter shards a bucket into equal chunks (the last padded),
+//    chunk i owned by the i-th rank of the DPxCP group, which runs Adam on it; elements a
+//    rank neither owns nor has gathered since are stale and not compared until gathered.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/experiment.hpp"
+#include "models/plan.hpp"
+
+namespace dtsim::verify {
+
+/// Known-wrong variants of the training code, each the classic bug of one rule.
+enum class Injection {
+  none,
+  tp_grad_avg,            // backward TP reductions AVeraGe instead of SUM (input grads / TP)
+  dp_local_mean,          // loss = local mean per micro-batch, averaged (ignores unequal token counts)
+  cp_loss_scale,          // loss scaled by |DP| instead of |DP x CP|: gradients off by the CP size
+  adam_before_sync,       // Adam on the local gradient, then parameters averaged over DP x CP
+  dp_grad_sum,            // DP gradient collectives SUM instead of AVG
+  cp_causal_local,        // ring attention masks with local positions (ignores the block offset)
+  zero_skip_param_gather, // ZeRO: parameter AllGathers skipped (non-owners keep stale shards)
+  pp_microbatch_swap,     // a stage takes the newest queued message instead of the oldest
+};
+const char* to_string(Injection);
+/// Every injection but `none`, in declaration order.
+std::vector<Injection> all_injections();
+/// Parses "tp-grad-avg" etc. Throws InputError listing the valid names.
+Injection parse_injection(const std::string& name);
+/// Empty when the bug can change the result on this (shrunk) experiment; otherwise the
+/// reason it cannot (e.g. "needs layout.cp > 1").
+std::string injection_inapplicable(Injection inj, const Experiment& shrunk);
+
+struct RuleResult {
+  std::string name;             // "loss", "DP", "TP", "CP", "PP", "ZeRO", "plan"
+  std::string what;             // one line: what is compared
+  bool applicable = true;       // false: the layout has no such split (reported as n/a)
+  bool passed = true;
+  double max_abs_error = 0;     // over every compared value (infinity for NaN)
+  double tolerance = 0;         // absolute
+  int64_t values = 0;           // number of compared values
+  std::string worst;            // where max_abs_error occurred
+  std::vector<std::string> problems;  // structural failures (plan rule), one line each
+};
+
+struct VerifyOptions {
+  int steps = 3;                       // optimizer steps (several: ZeRO shards must stay in step)
+  Injection inject = Injection::none;
+  uint64_t seed = 20240521;            // parameters and data
+};
+
+struct VerifyReport {
+  Experiment original;  // as loaded
+  Experiment shrunk;    // what ran
+  int64_t world = 0;
+  int steps = 0;
+  Injection inject = Injection::none;
+  std::vector<RuleResult> rules;      // loss, DP, TP, CP, PP, ZeRO, plan (in this order)
+  std::vector<std::string> notes;     // facts about the plan worth knowing (not failures)
+  /// True when every applicable rule passed.
+  bool passed() const;
+  const RuleResult& rule(const std::string& name) const;
+};
+
+/// Tolerances (absolute). Activations, losses and gradients: the reference and the
+/// sharded execution sum the same terms in different orders; with O(1) values and at most
+/// a few hundred terms per sum the difference is ~1e-14, so 1e-10 leaves 10^4 margin while
+/// every injected bug moves results by >= 1e-4. Parameters and Adam moments: Adam divides
+/// by sqrt(v^) + eps (eps = 1e-8), which turns a rounding difference delta of a near-zero
+/// gradient into lr * delta / eps = 1e-10 per step: 1e-8 covers several steps.
+inline constexpr double kTolValues = 1e-10;
+inline constexpr double kTolParams = 1e-8;
+
+/// Shrinks `e` (shrink_experiment), builds its step plan with build_step_plan, runs it for
+/// `o.steps` steps next to the single-device reference and reports every rule. Throws
+/// InputError when the experiment is invalid or the injection cannot show on this layout.
+/// Plan problems are reported (rule "plan"), not thrown.
+VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o = {});
+
+/// The same on a plan the caller built and possibly edited (tests try plan changes this
+/// way): `plan.exp` must be a shrunk experiment (shrink_experiment) whose plan it is.
+VerifyReport verify_plan(const StepPlan& plan, const VerifyOptions& o = {});
+
+}  // namespace dtsim::verify

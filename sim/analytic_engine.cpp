@@ -1,0 +1,554 @@
+// The analytic engine (see sim/analytic_engine.hpp for the model and its sources).
+#include "sim/analytic_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "models/compute_cost.hpp"
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "models/flops.hpp"
+#include "models/memory.hpp"
+#include "sim/collectives/collective.hpp"
+#include "sim/collectives/tuner.hpp"
+
+namespace dtsim {
+
+namespace {
+
+double d(int64_t v) { return static_cast<double>(v); }
+
+constexpr int kTP = static_cast<int>(CommKind::TP);
+constexpr int kCP = static_cast<int>(CommKind::CP);
+constexpr int kPP = static_cast<int>(CommKind::PP);
+constexpr int kDP = static_cast<int>(CommKind::DP);
+
+/// Advances the compute stream from `t` by `work` seconds of kernels, slowed to `speed`
+/// while a communication stream is busy (until `busy_until`). Returns the new time.
+double advance(double t, double work, double busy_until, double speed) {
+  if (work <= 0) return t;
+  if (speed >= 1.0 || busy_until <= t) return t + work;
+  const double window = busy_until - t;
+  if (window * speed >= work) return t + work / speed;
+  return busy_until + (work - window * speed);
+}
+
+/// compute + overlapped communication of one layer: the slower of the two, with the compute
+/// slowed while the communication runs.
+double overlap(double compute, double comm, double speed) {
+  if (comm <= 0) return compute;
+  if (compute / speed <= comm) return comm;
+  return compute + comm * (1.0 - speed);
+}
+
+}  // namespace
+
+/// Collective and point-to-point costs on the cluster, as the SimGrid engine runs them alone:
+/// the algorithm and protocol NCCL's tuner picks (sim/collectives/tuner.hpp, or the cluster's
+/// forced cluster.collectives) and that choice's closed form; P2P is one flow plus the step
+/// latency (sim/platform.hpp Platform::alpha). Collective times are cached by (op, group,
+/// size): a sweep asks for the same few sizes again and again.
+class AnalyticEngine::Comm {
+ public:
+  explicit Comm(const ClusterSpec& c)
+      : cluster_(c), model_(collectives::CommModel::of(c)) {
+    gpn_ = std::max<int64_t>(1, c.gpus_per_node);
+    gpus_per_nic_ = std::max<int64_t>(1, gpn_ / std::max<int64_t>(1, c.nics_per_node));
+  }
+  /// Collective `c` on `size` bytes over n ranks `stride` apart from rank 0 (the folded
+  /// engine's representative of stage 0).
+  double collective(Collective c, int64_t n, int64_t stride, double size) {
+    if (n <= 1 || size <= 0) return 0.0;
+    const Key key{static_cast<int>(c), n, stride, size};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    std::vector<int64_t> members(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) members[static_cast<size_t>(i)] = i * stride;
+    const auto g = collectives::GroupLayout::of(std::move(members), gpn_, gpus_per_nic_);
+    const double t = collectives::choose(collectives::to_op(c), g, model_, size, cluster_.collectives, false).time_s;
+    cache_.emplace(key, t);
+    return t;
+  }
+  /// One point-to-point message of `bytes` between ranks `a` and `b` (flow + alpha), with the
+  /// fold rule for a NIC shared by several GPUs (sim/collective_exec.hpp flow_bytes).
+  double p2p(int64_t a, int64_t b, double bytes) const {
+    const bool in = a / gpn_ == b / gpn_;
+    const double bw = in ? model_.nvlink_bw : model_.net_bw / static_cast<double>(gpus_per_nic_);
+    const double alpha = in ? cluster_.nvlink.latency : std::max(cluster_.nvlink.latency, cluster_.nic.latency);
+    return (bw > 0 ? bytes / bw : 0.0) + alpha;
+  }
+
+ private:
+  struct Key {
+    int c;
+    int64_t n, stride;
+    double size;
+    bool operator==(const Key& o) const { return c == o.c && n == o.n && stride == o.stride && size == o.size; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      size_t h = std::hash<double>()(k.size);
+      h ^= std::hash<int64_t>()(k.n * 1000003 + k.stride) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+      return h ^ static_cast<size_t>(k.c);
+    }
+  };
+  ClusterSpec cluster_;
+  collectives::CommModel model_;
+  int64_t gpn_ = 1, gpus_per_nic_ = 1;
+  std::unordered_map<Key, double, KeyHash> cache_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Per-shape segment costs.
+
+struct AnalyticEngine::Shape {
+  struct Seg {
+    double time = 0;     // wall time on the compute stream
+    double compute = 0;  // kernel time at full speed
+    std::array<double, kCommKinds> total{}, exposed{};
+  };
+  Seg emb_f, layer_f, head_f, head_b, layer_b, emb_b;
+  double adam_bytes_per_param = 0;  // HBM bytes the fused Adam moves per owned parameter
+  int32_t adam_kernels = 1;
+  double p2p_bytes = 0;             // one pipeline send
+  double recv_tp_allgather_s = 0;   // TP AllGather after each receive without SP
+  double layer_params_rank = 0;     // parameters of one layer on one TP rank
+};
+
+struct AnalyticEngine::StageDetail {
+  double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, p2p_s = 0;
+  std::array<double, kCommKinds> total{}, exposed{};
+};
+
+AnalyticEngine::AnalyticEngine(const Experiment& base)
+    : base_(base), scratch_(base), comm_(std::make_unique<Comm>(base.cluster)) {}
+AnalyticEngine::~AnalyticEngine() = default;
+
+size_t AnalyticEngine::cached_shapes() const { return cache_.size(); }
+
+Experiment AnalyticEngine::experiment(const Layout& layout, int64_t micro_batch) const {
+  Experiment e = base_;
+  e.layout = layout;
+  e.training.micro_batch = micro_batch;
+  return e;
+}
+
+const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) {
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const auto key = std::make_tuple(l.tp, l.cp, mb, static_cast<int>(l.recompute), sp);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return *it->second;
+
+  // One-layer proxy: same widths, GPU and training options; one micro-batch; the TP x CP
+  // ranks of one stage on one node (only its ops are read; collective times come from the
+  // real cluster below).
+  Experiment px = base_;
+  px.model.layers = 1;
+  px.layout = Layout{};
+  px.layout.tp = l.tp;
+  px.layout.cp = l.cp;
+  px.layout.sequence_parallel = l.sequence_parallel;
+  px.layout.recompute = l.recompute;
+  px.training.micro_batch = mb;
+  px.training.global_batch = mb;
+  px.cluster.nodes = 1;
+  px.cluster.gpus_per_node = l.tp * l.cp;
+  px.cluster.nics_per_node = 1;
+  px.cluster.fabric = "non-blocking";
+  const StepPlan plan = build_step_plan(px);
+  const StagePlan& st = plan.stages.front();
+
+  Comm& comm = *comm_;
+  const double speed = comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference);
+  auto comm_time = [&](const Op& op) {
+    switch (op.group) {
+      case GroupKind::TP: return comm.collective(op.collective, l.tp, 1, op.size_bytes);
+      case GroupKind::CP: return comm.collective(op.collective, l.cp, l.tp, op.size_bytes);
+      default: return 0.0;  // the proxy has no DP or PP groups
+    }
+  };
+
+  auto sh = std::make_unique<Shape>();
+  enum Where { EF, LF, HF, HB, LB, EB, OPT };
+  Shape::Seg* segs[] = {&sh->emb_f, &sh->layer_f, &sh->head_f, &sh->head_b, &sh->layer_b, &sh->emb_b, nullptr};
+  // Replays one segment's ops on one rank: compute stream + one in-order stream per kind.
+  struct Replay {
+    double t = 0;
+    std::array<double, kCommKinds> free{};
+    std::vector<double> done;
+    Shape::Seg seg;
+  };
+  std::array<Replay, 7> rp;
+  for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
+  bool seen_fwd = false, seen_bwd = false;
+  for (const Op& op : st.ops) {
+    Where w;
+    if (op.phase == Phase::optimizer) w = OPT;
+    else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
+    else if (op.layer >= 0) w = LB, seen_bwd = true;
+    else if (!seen_fwd) w = EF;
+    else if (!seen_bwd) w = op.phase == Phase::forward ? HF : HB;
+    else w = EB;
+    Replay& r = rp[w];
+    const int k = static_cast<int>(op.kind);
+    switch (op.type) {
+      case OpType::compute: {
+        if (w == OPT) {
+          if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
+          sh->adam_kernels = op.kernels;
+          break;
+        }
+        double busy = 0;
+        for (double f : r.free) busy = std::max(busy, f);
+        r.t = advance(r.t, op.time_s, busy, speed);
+        r.seg.compute += op.time_s;
+        break;
+      }
+      case OpType::collective: {
+        const double c = comm_time(op);
+        r.t += c;
+        r.seg.total[k] += c;
+        r.seg.exposed[k] += c;
+        break;
+      }
+      case OpType::issue: {
+        const double c = comm_time(op);
+        const double start = std::max(r.t, r.free[k]);
+        r.free[k] = start + c;
+        if (op.handle >= 0) r.done[static_cast<size_t>(op.handle)] = r.free[k];
+        r.seg.total[k] += c;
+        break;
+      }
+      case OpType::wait: {
+        const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
+        if (end > r.t) {
+          r.seg.exposed[k] += end - r.t;
+          r.t = end;
+        }
+        break;
+      }
+      case OpType::send:
+      case OpType::recv: break;  // pp = 1 in the proxy
+    }
+  }
+  for (int w = 0; w < OPT; ++w) {
+    rp[w].seg.time = rp[w].t;
+    *segs[w] = rp[w].seg;
+  }
+  sh->layer_params_rank = layer_parameters_per_tp_rank(base_.model, l.tp);
+  // Pipeline messages (Megatron scatter/gather: 1/t of the activation, plan.cpp p2p).
+  const double act = 2.0 * d(mb) * d(base_.training.seq_len / l.cp) * d(base_.model.hidden);
+  sh->p2p_bytes = act / d(l.tp);
+  if (!sp && l.tp > 1) sh->recv_tp_allgather_s = comm.collective(Collective::AllGather, l.tp, 1, act);
+  return *cache_.emplace(key, std::move(sh)).first->second;
+}
+
+// ---------------------------------------------------------------------------------------
+
+AnalyticEstimate AnalyticEngine::estimate(const Layout& l, int64_t micro_batch) {
+  return estimate_impl(l, micro_batch, nullptr);
+}
+
+AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std::vector<StageDetail>* detail) {
+  const Shape& sh = shape(l, mb);
+  const ClusterSpec& c = base_.cluster;
+  const Training& tr = base_.training;
+  const ModelSpec& model = base_.model;
+  Comm& comm = *comm_;
+  const double speed = comm_overlap_speed(c.gpu, tr.comm_interference);
+
+  const int64_t p = l.pp;
+  const int64_t v = l.schedule == Schedule::interleaved ? std::max<int64_t>(1, l.vp) : 1;
+  const int64_t m = tr.global_batch / (mb * l.dp);
+  const int64_t stage_size = l.tp * l.cp * l.dp;
+  const int64_t dpcp = l.dp * l.cp;
+  const double layers_rank = d(model.layers / p);
+  const double grad_bytes = tr.main_grad == GradDtype::fp32 ? 4.0 : 2.0;  // plan.cpp grad_bytes_per_param
+  const double bucket_params = tr.grad_bucket_bytes > 0
+                                   ? tr.grad_bucket_bytes / grad_bytes
+                                   : std::max(40e6, 1e6 * d(dpcp));  // plan.cpp Megatron-Core bucket rule
+  auto dp_ring = [&](Collective coll, double bytes) { return comm.collective(coll, dpcp, l.tp, bytes); };
+
+  // ZeRO-3: every layer gathers its parameters (forward and backward) and reduce-scatters
+  // its gradients per micro-batch on the DP stream, prefetched one layer ahead.
+  double lf = sh.layer_f.time, lb = sh.layer_b.time;
+  double z3_ag = 0, z3_rs = 0;
+  if (l.zero_stage == 3 && dpcp > 1) {
+    z3_ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
+    z3_rs = dp_ring(Collective::ReduceScatter, sh.layer_params_rank * grad_bytes);
+    lf = overlap(sh.layer_f.time, z3_ag, speed);
+    lb = overlap(sh.layer_b.time, z3_ag + z3_rs, speed);
+  }
+
+  const double t_p2p = p > 1 ? comm.p2p(0, stage_size, sh.p2p_bytes) : 0.0;
+  const double ptag = sh.recv_tp_allgather_s;
+
+  // Per-rank forward / backward of one micro-batch (all its chunks).
+  std::vector<double> F(static_cast<size_t>(p)), B(static_cast<size_t>(p));
+  double w_max = 0, w_sum = 0;
+  for (int64_t s = 0; s < p; ++s) {
+    const bool first = s == 0, last = s == p - 1;
+    const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
+    double f = layers_rank * lf + (first ? sh.emb_f.time : 0.0) + (last ? sh.head_f.time : 0.0) + recv_f * ptag;
+    double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
+    if (l.zero_stage == 3 && dpcp > 1) f += d(v) * z3_ag;  // the first gather of a chunk is not prefetched
+    F[static_cast<size_t>(s)] = f;
+    B[static_cast<size_t>(s)] = b;
+    w_max = std::max(w_max, f + b);
+    w_sum += f + b;
+  }
+  const double w_mean = w_sum / d(p);
+  double t_pipe;
+  if (p == 1) t_pipe = d(m) * w_sum;
+  else if (v > 1) t_pipe = d(m) * w_max + d(p - 1) / d(v) * w_mean + 2.0 * d(p - 1) * t_p2p;
+  else t_pipe = w_sum + d(m - 1) * w_max + 2.0 * d(p - 1) * t_p2p;
+
+  // Distributed optimizer with overlap_param_gather: each layer's gather before its first
+  // forward; the first of a chunk waits whole, later ones only past the previous layer.
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && dpcp > 1 && tr.overlap_param_gather) {
+    const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
+    const double chunk_layers = layers_rank / d(v);
+    const double per_chunk =
+        ag + std::max(0.0, chunk_layers - 1.0) * (overlap(sh.layer_f.time, ag, speed) - sh.layer_f.time);
+    t_pipe += d(p) * d(v) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
+  }
+
+  AnalyticEstimate est;
+  est.pipeline_s = t_pipe;
+  const double gpus = d(c.gpus());
+  double chain = 0;  // backward chain from the first stage
+  for (int64_t s = 0; s < p; ++s) {
+    const bool first = s == 0, last = s == p - 1;
+    const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
+    const double end_bwd = t_pipe - chain;
+    chain += B[static_cast<size_t>(s)] / d(v) + t_p2p;
+
+    // Data-parallel gradient reduction after (or during) the last micro-batch's backward.
+    double dp_total = 0, dp_exposed = 0, stretch = 0, gather = 0;
+    if (dpcp > 1) {
+      if (l.zero_stage == 3) {
+        const double layers_mb = layers_rank;
+        dp_total = d(m) * layers_mb * (2.0 * z3_ag + z3_rs);
+        dp_exposed = d(m) * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + d(v) * z3_ag);
+        // Embedding / head gradients are reduce-scattered after their backward; the last one
+        // of the step is exposed.
+        const double head_params = params - layers_rank * sh.layer_params_rank;
+        const double tail = dp_ring(Collective::ReduceScatter, std::max(head_params, sh.layer_params_rank) * grad_bytes);
+        dp_total += d(m) * dp_ring(Collective::ReduceScatter, head_params * grad_bytes);
+        dp_exposed += tail;
+      } else {
+        const Collective coll = l.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
+        if (!tr.overlap_grad_reduce) {
+          dp_total = dp_ring(coll, params * grad_bytes);
+          dp_exposed = dp_total;
+        } else {
+          // The plan's buckets, in backward order: head (last stage), layers, embedding.
+          const double head_params = last ? params - layers_rank * sh.layer_params_rank : 0.0;
+          double emb_params = 0, head_only = 0;
+          if (first && last) {
+            // pp == 1: plan.cpp head_params_rank() (final norm + untied LM head) and the rest.
+            head_only = d(norm_parameters(model)) +
+                        (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
+            emb_params = params - layers_rank * sh.layer_params_rank - head_only;
+          } else if (last) {
+            head_only = head_params;
+          } else if (first) {
+            emb_params = params - layers_rank * sh.layer_params_rank;
+          }
+          double t = 0, f = 0, pending = 0, work = 0;
+          auto item = [&](double params_ready, double seconds) {
+            t = advance(t, seconds, f, speed);
+            work += seconds;
+            pending += params_ready;
+            if (pending >= bucket_params) {
+              const double x = dp_ring(coll, pending * grad_bytes);
+              f = std::max(t, f) + x;
+              dp_total += x;
+              pending = 0;
+            }
+          };
+          if (last) item(head_only, sh.head_b.time);
+          const int64_t nl = model.layers / p;
+          for (int64_t i = 0; i < nl; ++i) item(sh.layer_params_rank, lb);
+          if (first) item(emb_params, sh.emb_b.time);
+          if (pending > 0) {
+            const double x = dp_ring(coll, pending * grad_bytes);
+            f = std::max(t, f) + x;
+            dp_total += x;
+          }
+          dp_exposed = std::max(0.0, f - t);
+          stretch = t - work;
+          if (tr.reduce_every_micro_batch && m > 1) {
+            const double per_mb = dp_total;
+            dp_total *= d(m);
+            stretch *= d(m);
+            dp_exposed += d(m - 1) * std::max(0.0, per_mb - (F[static_cast<size_t>(s)] + B[static_cast<size_t>(s)]));
+          }
+        }
+        if ((l.zero_stage == 1 || l.zero_stage == 2) && !tr.overlap_param_gather) {
+          gather = dp_ring(Collective::AllGather, params * 2.0);
+        } else if ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather) {
+          const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
+          dp_total += layers_rank * ag;
+          dp_exposed += d(v) * ag;
+        }
+      }
+    }
+    // Optimizer: fused Adam over the parameters this rank owns (plan.cpp finish_step).
+    Op adam;
+    adam.kernel = KernelKind::optimizer;
+    adam.kernels = sh.adam_kernels;
+    adam.bytes = params / (l.zero_stage >= 1 ? d(dpcp) : 1.0) * sh.adam_bytes_per_param;
+    const double opt = compute_time(adam, c.gpu, tr.dtype);
+    const double finish = end_bwd + stretch + dp_exposed + opt + gather;
+    est.step_time_s = std::max(est.step_time_s, finish);
+    est.optimizer_s = std::max(est.optimizer_s, opt);
+
+    // Per-stage accounting (means below).
+    const double layers_mb = layers_rank;
+    const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
+    double comp = layers_mb * (sh.layer_f.compute + sh.layer_b.compute) + (first ? sh.emb_f.compute + sh.emb_b.compute : 0.0) +
+                  (last ? sh.head_f.compute + sh.head_b.compute : 0.0);
+    comp = d(m) * comp + opt;
+    StageDetail sd;
+    sd.compute_s = comp;
+    for (int k : {kTP, kCP}) {
+      double tot = layers_mb * (sh.layer_f.total[static_cast<size_t>(k)] + sh.layer_b.total[static_cast<size_t>(k)]);
+      double exp = layers_mb * (sh.layer_f.exposed[static_cast<size_t>(k)] + sh.layer_b.exposed[static_cast<size_t>(k)]);
+      if (first) {
+        tot += sh.emb_f.total[static_cast<size_t>(k)] + sh.emb_b.total[static_cast<size_t>(k)];
+        exp += sh.emb_f.exposed[static_cast<size_t>(k)] + sh.emb_b.exposed[static_cast<size_t>(k)];
+      }
+      if (last) {
+        tot += sh.head_f.total[static_cast<size_t>(k)] + sh.head_b.total[static_cast<size_t>(k)];
+        exp += sh.head_f.exposed[static_cast<size_t>(k)] + sh.head_b.exposed[static_cast<size_t>(k)];
+      }
+      if (k == kTP) {
+        tot += (recv_f + recv_b) * ptag;
+        exp += (recv_f + recv_b) * ptag;
+      }
+      sd.total[static_cast<size_t>(k)] = d(m) * tot;
+      sd.exposed[static_cast<size_t>(k)] = d(m) * exp;
+    }
+    if (p > 1) {
+      sd.total[kPP] = d(m) * (recv_f + recv_b) * t_p2p;
+      sd.exposed[kPP] = (first || last ? 1.0 : 2.0) * t_p2p;
+    }
+    sd.total[kDP] = dp_total + gather;
+    sd.exposed[kDP] = dp_exposed + gather;
+    sd.finish_s = finish;
+    sd.forward_s = F[static_cast<size_t>(s)];
+    sd.backward_s = B[static_cast<size_t>(s)];
+    sd.p2p_s = t_p2p;
+    sd.bubble_s = std::max(0.0, t_pipe - d(m) * (F[static_cast<size_t>(s)] + B[static_cast<size_t>(s)]));
+    for (int k = 0; k < kCommKinds; ++k) {
+      est.comm_total_s[static_cast<size_t>(k)] += sd.total[static_cast<size_t>(k)] / d(p);
+      est.comm_exposed_s[static_cast<size_t>(k)] += sd.exposed[static_cast<size_t>(k)] / d(p);
+    }
+    est.compute_s += sd.compute_s / d(p);
+    if (detail) detail->push_back(sd);
+  }
+  for (int64_t s = 0; s < p; ++s) {
+    // Idle after the stage's own finish until the step ends counts as bubble (as the DES does).
+    if (detail) (*detail)[static_cast<size_t>(s)].bubble_s += est.step_time_s - (*detail)[static_cast<size_t>(s)].finish_s;
+  }
+  est.bubble_s = std::max(0.0, t_pipe - d(m) * w_mean);
+
+  // Throughput and FLOPs (as sim/simgrid_engine.cpp reports them).
+  const double tokens = d(tr.global_batch) * d(tr.seq_len);
+  est.model_flops = model_flops_per_step(model, tr.global_batch, tr.seq_len);
+  est.hardware_flops = hardware_flops_per_step(model, tr.global_batch, tr.seq_len, l.recompute);
+  const double peak = tr.dtype == Dtype::fp8 && c.gpu.peak_fp8_flops > 0 ? c.gpu.peak_fp8_flops : c.gpu.peak_bf16_flops;
+  if (est.step_time_s > 0) {
+    est.tokens_per_s = tokens / est.step_time_s;
+    est.tflops_per_gpu = est.model_flops / est.step_time_s / gpus / 1e12;
+    est.mfu = est.model_flops / (est.step_time_s * gpus * peak);
+    est.hfu = est.hardware_flops / (est.step_time_s * gpus * peak);
+  }
+
+  // Memory: the first and the last stage hold the most (see the header).
+  scratch_.layout = l;
+  scratch_.training.micro_batch = mb;
+  const MemoryBreakdown m0 = stage_memory(scratch_, 0);
+  est.peak_memory_bytes = m0.peak_bytes;
+  est.capacity_bytes = m0.capacity_bytes;
+  est.peak_stage = 0;
+  if (p > 1) {
+    const MemoryBreakdown ml = stage_memory(scratch_, p - 1);
+    if (ml.peak_bytes > est.peak_memory_bytes) {
+      est.peak_memory_bytes = ml.peak_bytes;
+      est.peak_stage = p - 1;
+    }
+  }
+  est.fits = est.peak_memory_bytes <= est.capacity_bytes;
+  return est;
+}
+
+StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
+  std::vector<StageDetail> detail;
+  const AnalyticEstimate est = estimate_impl(l, micro_batch, &detail);
+  const Experiment e = experiment(l, micro_batch);
+  StepResult r;
+  r.experiment = e.title;
+  r.engine = "analytic";
+  r.folded = true;
+  r.gpus = e.cluster.gpus();
+  r.simulated_ranks = 0;
+  r.step_time_s = est.step_time_s;
+  r.tokens_per_step = d(e.training.global_batch) * d(e.training.seq_len);
+  r.tokens_per_s = est.tokens_per_s;
+  r.model_flops = est.model_flops;
+  r.hardware_flops = est.hardware_flops;
+  r.tflops_per_gpu = est.tflops_per_gpu;
+  r.hardware_tflops_per_gpu = est.step_time_s > 0 ? est.hardware_flops / est.step_time_s / d(r.gpus) / 1e12 : 0.0;
+  r.mfu = est.mfu;
+  r.hfu = est.hfu;
+  r.compute_s = est.compute_s;
+  r.bubble_s = est.bubble_s;
+  r.optimizer_s = est.optimizer_s;
+  const char* names[kCommKinds] = {"TP", "CP", "PP", "DP"};
+  for (int k = 0; k < kCommKinds; ++k) {
+    CommStats cs;
+    cs.total_s = est.comm_total_s[static_cast<size_t>(k)];
+    cs.exposed_s = est.comm_exposed_s[static_cast<size_t>(k)];
+    r.comm[names[k]] = cs;
+  }
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const StageDetail& sd = detail[static_cast<size_t>(s)];
+    StageResult st;
+    st.stage = static_cast<int>(s);
+    st.layers = e.model.layers / l.pp;
+    st.compute_s = sd.compute_s;
+    st.bubble_s = sd.bubble_s;
+    st.finish_s = sd.finish_s;
+    for (int k = 0; k < kCommKinds; ++k) {
+      CommStats cs;
+      cs.total_s = sd.total[static_cast<size_t>(k)];
+      cs.exposed_s = sd.exposed[static_cast<size_t>(k)];
+      st.comm[names[k]] = cs;
+    }
+    st.memory = stage_memory(e, s);
+    r.stages.push_back(std::move(st));
+  }
+  r.engine_config["model"] = "closed form (sim/analytic_engine.hpp)";
+  return r;
+}
+
+std::vector<AnalyticEngine::StagePass> AnalyticEngine::stage_passes(const Layout& l, int64_t micro_batch,
+                                                                   double* p2p_s) {
+  std::vector<StageDetail> detail;
+  estimate_impl(l, micro_batch, &detail);
+  std::vector<StagePass> out;
+  for (const auto& sd : detail) out.push_back({sd.forward_s, sd.backward_s});
+  if (p2p_s) *p2p_s = detail.empty() ? 0.0 : detail.front().p2p_s;
+  return out;
+}
+
+StepResult simulate_step_analytic(const Experiment& exp) {
+  validate_experiment(exp);
+  AnalyticEngine eng(exp);
+  return eng.step_result(exp.layout, exp.training.micro_batch);
+}
+
+}  // namespace dtsim

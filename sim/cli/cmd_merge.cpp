@@ -1,0 +1,58 @@
+// dtsim merge SHARD_DIR... --out DIR: joins the shards of one sweep (dtsim sweep --shard i/N).
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "models/errors.hpp"
+#include "models/sweep_spec.hpp"
+#include "sim/cli/commands.hpp"
+#include "sim/sweep/runner.hpp"
+
+namespace dtsim::cli {
+
+namespace {
+
+struct MergeOptions {
+  std::vector<std::string> shards;
+  std::string out;
+  bool quiet = false;
+};
+
+int merge_command(const MergeOptions& o) {
+  const sweep::Merged m = sweep::merge_shards(o.shards);
+  const sweep::Outcome& outcome = m.outcome;
+  require_input_file(m.spec_path);
+  const SweepSpec spec = load_sweep_spec(m.spec_path, SpecKind::sweep);
+  // The journals carry the fingerprint of the file they ran; the file must not have changed.
+  if (spec.fingerprint != m.fingerprint)
+    throw InputError(m.spec_path + ": changed since the shards ran (fingerprint " + spec.fingerprint + ", shards " +
+                     m.fingerprint + "): run the sweep again");
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (!std::filesystem::is_directory(o.out, ec)) throw InputError("--out " + o.out + ": cannot create the directory");
+  sweep::write_outputs(spec, outcome, o.out);
+  if (!o.quiet)
+    std::cout << fmt::format("dtsim merge: {} shards, {} layouts, {} re-simulated -> {}\n", o.shards.size(),
+                             outcome.analytic.size(), outcome.simgrid.size(), o.out);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_merge_command(CLI::App& app) {
+  auto opts = std::make_shared<MergeOptions>();
+  MergeOptions& o = *opts;
+  CLI::App* c = app.add_subcommand("merge", "Join the shard directories of one sweep into one result");
+  c->add_option("shards", o.shards, "Output directories of dtsim sweep --shard i/N (all N of them)")
+      ->required()
+      ->type_name("SHARD_DIR...");
+  c->add_option("-o,--out", o.out, "Directory for the joined results")->required()->type_name("DIR");
+  c->add_flag("-q,--quiet", o.quiet, "No summary");
+  return {c, [opts] { return merge_command(*opts); }};
+}
+
+}  // namespace dtsim::cli

@@ -1,0 +1,145 @@
+#include "sim/collectives/simulate.hpp"
+
+#include <simgrid/s4u.hpp>
+#include <xbt/log.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "models/errors.hpp"
+#include "sim/collective_exec.hpp"
+#include "sim/collectives/registry.hpp"
+#include "sim/collectives/tuner.hpp"
+#include "sim/platform.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace dtsim::collectives {
+
+namespace {
+
+/// Validates every run and fills the choice and closed form (no SimGrid).
+std::vector<CollectiveTiming> prepare(const ClusterSpec& c, const std::vector<CollectiveRun>& runs) {
+  const int64_t gpn = std::max<int64_t>(1, c.gpus_per_node);
+  const int64_t gpus_per_nic = std::max<int64_t>(1, gpn / std::max<int64_t>(1, c.nics_per_node));
+  const CommModel m = CommModel::of(c);
+  std::vector<CollectiveTiming> out;
+  for (const auto& r : runs) {
+    if (r.members.empty()) throw InputError("collective run with no members");
+    for (int64_t g : r.members)
+      if (g < 0 || g >= c.gpus())
+        throw InputError("GPU " + std::to_string(g) + " is outside the cluster's " + std::to_string(c.gpus()) + " GPUs");
+    if (r.repeat < 1) throw InputError("repeat=" + std::to_string(r.repeat) + " must be >= 1");
+    const auto g = GroupLayout::of(r.members, gpn, gpus_per_nic);
+    const Choice ch = choose(r.op, g, m, r.bytes, r.choice, true, "collective");
+    CollectiveTiming t;
+    t.algorithm = std::string(ch.algorithm->name());
+    t.protocol = ch.protocol;
+    t.closed_form_s = ch.time_s;
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, const std::vector<CollectiveRun>& runs,
+                                                   bool fold) {
+  std::vector<CollectiveTiming> timings = prepare(cluster, runs);
+  xbt_log_control_set("root.thres:critical");
+  int argc = 1;
+  char arg0[] = "dtsim";
+  char* argv[] = {arg0, nullptr};
+  sg4::Engine engine(&argc, argv);
+  for (const auto& [k, v] : simgrid_engine::model_flags()) sg4::Engine::set_config(k + ":" + v);
+  const simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
+  const simgrid_engine::FoldPolicy fp{fold};
+
+  std::map<int, std::vector<size_t>> batches;
+  for (size_t i = 0; i < runs.size(); ++i) batches[runs[i].batch].push_back(i);
+
+  sg4::Actor::create("controller", p.hosts.front(), [&] {
+    for (const auto& [id, idx] : batches) {
+      std::vector<sg4::ActorPtr> actors;
+      for (size_t i : idx) {
+        const CollectiveRun& r = runs[i];
+        actors.push_back(sg4::Actor::create(
+            "run" + std::to_string(i), p.hosts[static_cast<size_t>(r.members.front())], [&, i] {
+              const CollectiveRun& run = runs[i];
+              const double t0 = sg4::Engine::get_clock();
+              for (int64_t k = 0; k < run.repeat; ++k)
+                simgrid_engine::execute_collective(p, fp, run.members, run.op, run.bytes, &run.choice);
+              timings[i].time_s = (sg4::Engine::get_clock() - t0) / static_cast<double>(run.repeat);
+            }));
+      }
+      for (auto& a : actors) a->join();
+    }
+  });
+  engine.run();
+  return timings;
+}
+
+std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& cluster,
+                                                            const std::vector<CollectiveRun>& runs, bool fold) {
+  (void)prepare(cluster, runs);  // input errors surface in this process
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("simulate_collectives_isolated: pipe() failed");
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("simulate_collectives_isolated: fork() failed");
+  if (pid == 0) {
+    close(fds[0]);
+    int code = 0;
+    std::ostringstream text;
+    text.precision(17);
+    try {
+      for (const auto& t : simulate_collectives(cluster, runs, fold))
+        text << t.time_s << ' ' << t.closed_form_s << ' ' << t.algorithm << ' ' << static_cast<int>(t.protocol) << '\n';
+    } catch (const std::exception& ex) {
+      text.str("");
+      text << '!' << ex.what();
+      code = 1;
+    }
+    const std::string s = text.str();
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t w = write(fds[1], s.data() + off, s.size() - off);
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    close(fds[1]);
+    _exit(code);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t r = read(fds[0], buf, sizeof buf);
+    if (r <= 0) break;
+    text.append(buf, static_cast<size_t>(r));
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || (!text.empty() && text[0] == '!'))
+    throw std::runtime_error("collective simulation child failed: " +
+                             (text.empty() ? std::string("no output") : text.substr(1)));
+  std::vector<CollectiveTiming> out;
+  std::istringstream in(text);
+  CollectiveTiming t;
+  int proto = 0;
+  while (in >> t.time_s >> t.closed_form_s >> t.algorithm >> proto) {
+    t.protocol = static_cast<Protocol>(proto);
+    out.push_back(t);
+  }
+  if (out.size() != runs.size()) throw std::runtime_error("collective simulation child returned a short result");
+  return out;
+}
+
+}  // namespace dtsim::collectives

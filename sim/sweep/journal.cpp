@@ -1,0 +1,244 @@
+#include "sim/sweep/journal.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "models/errors.hpp"
+#include "reports/atomic_file.hpp"
+#include "reports/csv.hpp"
+
+namespace dtsim::sweep {
+
+namespace {
+
+Recompute recompute_of(const std::string& s) {
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  if (s == "none") return Recompute::none;
+  throw std::runtime_error("bad recompute \"" + s + "\"");
+}
+
+Schedule schedule_of(const std::string& s) {
+  if (s == to_string(Schedule::interleaved)) return Schedule::interleaved;
+  if (s == to_string(Schedule::gpipe)) return Schedule::gpipe;
+  if (s == to_string(Schedule::one_f_one_b)) return Schedule::one_f_one_b;
+  throw std::runtime_error("bad schedule \"" + s + "\"");
+}
+
+void write_all(int fd, const std::string& data, const std::string& what) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(what + ": write failed: " + std::strerror(errno));
+    }
+    off += static_cast<size_t>(w);
+  }
+}
+
+int open_append(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open for appending: " + std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SweepRow& r) {
+  nlohmann::json j;
+  j["id"] = r.id;
+  j["engine"] = r.engine;
+  j["cluster"] = r.cluster;
+  j["cluster_label"] = r.cluster_label;
+  j["gpu"] = r.gpu;
+  j["nodes"] = r.nodes;
+  j["gpus"] = r.gpus;
+  j["dp"] = r.layout.dp;
+  j["tp"] = r.layout.tp;
+  j["cp"] = r.layout.cp;
+  j["pp"] = r.layout.pp;
+  j["vp"] = r.layout.vp;
+  j["schedule"] = to_string(r.layout.schedule);
+  j["zero_stage"] = r.layout.zero_stage;
+  j["micro_batch"] = r.micro_batch;
+  j["micro_batches"] = r.micro_batches;
+  j["recompute"] = to_string(r.layout.recompute);
+  j["sequence_parallel"] = r.layout.sequence_parallel;
+  j["status"] = r.status;
+  j["reason"] = r.reason;
+  j["step_time_s"] = r.step_time_s;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["tokens_per_s_per_gpu"] = r.tokens_per_s_per_gpu;
+  j["mfu"] = r.mfu;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["compute_s"] = r.compute_s;
+  j["bubble_s"] = r.bubble_s;
+  j["optimizer_s"] = r.optimizer_s;
+  j["exposed_tp_s"] = r.exposed_tp_s;
+  j["exposed_cp_s"] = r.exposed_cp_s;
+  j["exposed_pp_s"] = r.exposed_pp_s;
+  j["exposed_dp_s"] = r.exposed_dp_s;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["capacity_bytes"] = r.capacity_bytes;
+  j["usd_per_step"] = r.usd_per_step;
+  j["usd_per_mtoken"] = r.usd_per_mtoken;
+  return j;
+}
+
+SweepRow row_from_json(const nlohmann::json& j) {
+  SweepRow r;
+  try {
+    r.id = j.at("id").get<int64_t>();
+    r.engine = j.at("engine").get<std::string>();
+    r.cluster = j.at("cluster").get<int64_t>();
+    r.cluster_label = j.at("cluster_label").get<std::string>();
+    r.gpu = j.at("gpu").get<std::string>();
+    r.nodes = j.at("nodes").get<int64_t>();
+    r.gpus = j.at("gpus").get<int64_t>();
+    r.layout.dp = j.at("dp").get<int64_t>();
+    r.layout.tp = j.at("tp").get<int64_t>();
+    r.layout.cp = j.at("cp").get<int64_t>();
+    r.layout.pp = j.at("pp").get<int64_t>();
+    r.layout.vp = j.at("vp").get<int64_t>();
+    r.layout.schedule = schedule_of(j.at("schedule").get<std::string>());
+    r.layout.zero_stage = j.at("zero_stage").get<int>();
+    r.micro_batch = j.at("micro_batch").get<int64_t>();
+    r.micro_batches = j.at("micro_batches").get<int64_t>();
+    r.layout.recompute = recompute_of(j.at("recompute").get<std::string>());
+    r.layout.sequence_parallel = j.at("sequence_parallel").get<bool>();
+    r.status = j.at("status").get<std::string>();
+    r.reason = j.at("reason").get<std::string>();
+    r.step_time_s = j.at("step_time_s").get<double>();
+    r.tokens_per_s = j.at("tokens_per_s").get<double>();
+    r.tokens_per_s_per_gpu = j.at("tokens_per_s_per_gpu").get<double>();
+    r.mfu = j.at("mfu").get<double>();
+    r.tflops_per_gpu = j.at("tflops_per_gpu").get<double>();
+    r.compute_s = j.at("compute_s").get<double>();
+    r.bubble_s = j.at("bubble_s").get<double>();
+    r.optimizer_s = j.at("optimizer_s").get<double>();
+    r.exposed_tp_s = j.at("exposed_tp_s").get<double>();
+    r.exposed_cp_s = j.at("exposed_cp_s").get<double>();
+    r.exposed_pp_s = j.at("exposed_pp_s").get<double>();
+    r.exposed_dp_s = j.at("exposed_dp_s").get<double>();
+    r.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
+    r.capacity_bytes = j.at("capacity_bytes").get<double>();
+    r.usd_per_step = j.at("usd_per_step").get<double>();
+    r.usd_per_mtoken = j.at("usd_per_mtoken").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("malformed sweep row: ") + e.what());
+  }
+  return r;
+}
+
+std::string header_line(const JournalHeader& h) {
+  nlohmann::json j;
+  j["dtsim_sweep_journal"] = 1;
+  j["spec"] = h.spec_path;
+  j["fingerprint"] = h.fingerprint;
+  j["shard_index"] = h.shard_index;
+  j["shard_count"] = h.shard_count;
+  j["points"] = h.points;
+  j["refine_top"] = h.refine_top;
+  j["rank_by"] = h.rank_by;
+  return j.dump() + "\n";
+}
+
+JournalContents read_journal(const std::string& path, bool truncate_partial) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read the sweep journal (no such file)");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  JournalContents out;
+  size_t pos = 0, line_no = 0;
+  size_t complete_end = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) break;  // partial last line: written while killed
+    const std::string line = text.substr(pos, nl - pos);
+    ++line_no;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw InputError(path + ": line " + std::to_string(line_no) + " is not JSON (a damaged sweep journal)");
+    }
+    if (line_no == 1) {
+      if (!j.is_object() || !j.contains("dtsim_sweep_journal"))
+        throw InputError(path + ": not a dtsim sweep journal (no header line)");
+      out.header.spec_path = j.value("spec", "");
+      out.header.fingerprint = j.value("fingerprint", "");
+      out.header.shard_index = j.value("shard_index", int64_t{0});
+      out.header.shard_count = j.value("shard_count", int64_t{1});
+      out.header.points = j.value("points", int64_t{0});
+      out.header.refine_top = j.value("refine_top", int64_t{0});
+      out.header.rank_by = j.value("rank_by", "");
+    } else {
+      try {
+        out.rows.push_back(row_from_json(j));
+      } catch (const std::runtime_error& e) {
+        throw InputError(path + ": line " + std::to_string(line_no) + ": " + e.what());
+      }
+    }
+    pos = nl + 1;
+    complete_end = pos;
+  }
+  if (line_no == 0) throw InputError(path + ": empty sweep journal (no header line)");
+  if (truncate_partial && complete_end < text.size()) {
+    std::error_code ec;
+    std::filesystem::resize_file(path, complete_end, ec);
+    if (ec) throw std::runtime_error(path + ": cannot cut the partial last line: " + ec.message());
+  }
+  return out;
+}
+
+JournalWriter::JournalWriter(const std::string& dir, const JournalHeader& h, bool resume,
+                             const std::vector<SweepRow>& existing)
+    : dir_(dir) {
+  const std::string jpath = dir + "/journal.jsonl", cpath = dir + "/results.csv";
+  if (!resume) {
+    write_file_atomic(jpath, header_line(h));
+    write_file_atomic(cpath, sweep_csv_header());
+  } else {
+    std::string csv = sweep_csv_header();
+    for (const auto& r : existing) csv += sweep_csv_line(r);
+    write_file_atomic(cpath, csv);
+  }
+  json_fd_ = open_append(jpath);
+  csv_fd_ = open_append(cpath);
+}
+
+JournalWriter::~JournalWriter() {
+  try {
+    flush();
+  } catch (...) {
+  }
+  if (json_fd_ >= 0) ::close(json_fd_);
+  if (csv_fd_ >= 0) ::close(csv_fd_);
+}
+
+void JournalWriter::add(const SweepRow& r) {
+  json_buf_ += to_json(r).dump() + "\n";
+  csv_buf_ += sweep_csv_line(r);
+  if (++buffered_ >= 512) flush();
+}
+
+void JournalWriter::flush() {
+  if (buffered_ == 0) return;
+  // JSON first: the journal is the record; results.csv is rebuilt from it on --resume.
+  write_all(json_fd_, json_buf_, dir_ + "/journal.jsonl");
+  write_all(csv_fd_, csv_buf_, dir_ + "/results.csv");
+  json_buf_.clear();
+  csv_buf_.clear();
+  buffered_ = 0;
+}
+
+}  // namespace dtsim::sweep

@@ -1,0 +1,61 @@
+#pragma once
+// The sweep journal: OUT/journal.jsonl, one JSON object per line, appended as results arrive
+// (and mirrored to OUT/results.csv). The first line is a header naming the sweep file, its
+// fingerprint and the shard; every other line is one SweepRow. Lines are written whole with
+// one write(2) each batch, so a killed sweep leaves complete lines plus at most one partial
+// last line, which --resume cuts off before it continues: no row is lost (what is not in the
+// journal is computed again) and none is duplicated (what is in it is skipped).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/sweep_spec.hpp"
+
+namespace dtsim::sweep {
+
+struct JournalHeader {
+  std::string spec_path;     // absolute path of the sweep file
+  std::string fingerprint;   // SweepSpec::fingerprint
+  int64_t shard_index = 0, shard_count = 1;
+  int64_t points = 0;        // points of this shard
+  int64_t refine_top = 0;
+  std::string rank_by;
+};
+
+nlohmann::json to_json(const SweepRow& r);
+/// Throws std::runtime_error on a malformed row.
+SweepRow row_from_json(const nlohmann::json& j);
+
+/// Reads OUT/journal.jsonl: the header and every complete row. `truncate_partial` cuts a
+/// partial last line off the file. Throws InputError when the file is not a sweep journal.
+struct JournalContents {
+  JournalHeader header;
+  std::vector<SweepRow> rows;  // in file order
+};
+JournalContents read_journal(const std::string& path, bool truncate_partial);
+
+/// Appends rows to OUT/journal.jsonl and OUT/results.csv.
+class JournalWriter {
+ public:
+  /// Creates both files (header lines) or, with `resume`, opens existing ones for appending
+  /// after rewriting results.csv from `existing` (so both agree after a kill).
+  JournalWriter(const std::string& dir, const JournalHeader& h, bool resume, const std::vector<SweepRow>& existing);
+  ~JournalWriter();
+  JournalWriter(const JournalWriter&) = delete;
+  JournalWriter& operator=(const JournalWriter&) = delete;
+  /// Buffers a row; flush() writes the buffer (also every 512 rows).
+  void add(const SweepRow& r);
+  void flush();
+
+ private:
+  int json_fd_ = -1, csv_fd_ = -1;
+  std::string json_buf_, csv_buf_;
+  int64_t buffered_ = 0;
+  std::string dir_;
+};
+
+std::string header_line(const JournalHeader& h);
+
+}  // namespace dtsim::sweep

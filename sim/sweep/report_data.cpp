@@ -1,0 +1,255 @@
+#include "sim/sweep/report_data.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace dtsim::sweep {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string secs(double s) {
+  if (s <= 0) return "0";
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+}  // namespace
+
+std::string layout_label(const Layout& l, int64_t mb) {
+  std::string s = fmt::format("DP{} TP{} CP{} PP{}", l.dp, l.tp, l.cp, l.pp);
+  if (l.vp > 1) s += fmt::format(" VP{}", l.vp);
+  if (l.schedule == Schedule::gpipe) s += " GPipe";
+  s += fmt::format(" ZeRO-{}", l.zero_stage);
+  if (l.sequence_parallel) s += " SP";
+  s += std::string(" ") + to_string(l.recompute) + fmt::format(" mb{}", mb);
+  return s;
+}
+
+TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t mb, int64_t max_mb) {
+  TimelineChart t;
+  double p2p = 0;
+  const auto passes = engine.stage_passes(l, mb, &p2p);
+  const int64_t p = static_cast<int64_t>(passes.size());
+  const int64_t m_all = engine.base().training.global_batch / (mb * l.dp);
+  const int64_t m = std::max<int64_t>(1, std::min(m_all, max_mb));
+  t.title = fmt::format("Pipeline schedule excerpt: first {} of {} micro-batches (1F1B order{}, analytic)", m, m_all,
+                        l.vp > 1 ? fmt::format(", {} chunks per rank merged", l.vp) : std::string());
+  t.x_label = "seconds from step start";
+  for (int64_t s = 0; s < p; ++s) t.lanes.push_back(fmt::format("stage {}", s));
+  // Per rank: the 1F1B op sequence; list-schedule until every op is placed.
+  struct OpRef {
+    bool fwd;
+    int64_t mb;
+  };
+  std::vector<std::vector<OpRef>> seq(static_cast<size_t>(p));
+  for (int64_t s = 0; s < p; ++s) {
+    const int64_t warm = std::min(p - s - 1, m);
+    int64_t f = 0, b = 0;
+    for (; f < warm; ++f) seq[static_cast<size_t>(s)].push_back({true, f});
+    for (; f < m; ++f) {
+      seq[static_cast<size_t>(s)].push_back({true, f});
+      seq[static_cast<size_t>(s)].push_back({false, b++});
+    }
+    for (; b < m; ++b) seq[static_cast<size_t>(s)].push_back({false, b});
+  }
+  std::vector<std::vector<double>> fend(static_cast<size_t>(p), std::vector<double>(static_cast<size_t>(m), -1)),
+      bend = fend;
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> free(static_cast<size_t>(p), 0.0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t s = 0; s < p; ++s) {
+      auto& q = seq[static_cast<size_t>(s)];
+      size_t& i = next[static_cast<size_t>(s)];
+      while (i < q.size()) {
+        const OpRef op = q[i];
+        double ready;
+        if (op.fwd) {
+          if (s == 0) ready = 0;
+          else if (fend[static_cast<size_t>(s - 1)][static_cast<size_t>(op.mb)] < 0) break;
+          else ready = fend[static_cast<size_t>(s - 1)][static_cast<size_t>(op.mb)] + p2p;
+        } else {
+          if (s == p - 1) {
+            if (fend[static_cast<size_t>(s)][static_cast<size_t>(op.mb)] < 0) break;
+            ready = fend[static_cast<size_t>(s)][static_cast<size_t>(op.mb)];
+          } else if (bend[static_cast<size_t>(s + 1)][static_cast<size_t>(op.mb)] < 0) {
+            break;
+          } else {
+            ready = bend[static_cast<size_t>(s + 1)][static_cast<size_t>(op.mb)] + p2p;
+          }
+        }
+        const double start = std::max(ready, free[static_cast<size_t>(s)]);
+        const double dur = op.fwd ? passes[static_cast<size_t>(s)].forward_s : passes[static_cast<size_t>(s)].backward_s;
+        (op.fwd ? fend : bend)[static_cast<size_t>(s)][static_cast<size_t>(op.mb)] = start + dur;
+        free[static_cast<size_t>(s)] = start + dur;
+        TimelineChart::Event e;
+        e.lane = static_cast<int>(s);
+        e.start = start;
+        e.duration = dur;
+        e.kind = op.fwd ? "forward" : "backward";
+        e.label = fmt::format("stage {} {} micro-batch {}: {}", s, e.kind, op.mb, secs(dur));
+        t.events.push_back(std::move(e));
+        ++i;
+        progress = true;
+      }
+    }
+  }
+  return t;
+}
+
+StackedBarChart memory_chart(const StepResult& r, const std::string& title) {
+  StackedBarChart c;
+  c.title = title;
+  c.y_label = "GiB per GPU";
+  c.series = {"parameters", "gradients", "optimizer", "activations", "other"};
+  for (const auto& st : r.stages) {
+    c.bars.push_back(fmt::format("stage {}", st.stage));
+    const auto& m = st.memory;
+    c.values.push_back({m.params_bytes / kGiB, m.grads_bytes / kGiB, m.optimizer_bytes / kGiB,
+                        m.activations_bytes / kGiB, m.other_bytes / kGiB});
+    c.limit = m.capacity_bytes / kGiB;
+  }
+  c.limit_label = "HBM capacity (minus reserve)";
+  return c;
+}
+
+std::vector<ChartPoint> pareto_front(std::vector<ChartPoint> pts) {
+  std::sort(pts.begin(), pts.end(), [](const ChartPoint& a, const ChartPoint& b) {
+    if (a.x != b.x) return a.x < b.x;
+    return a.y < b.y;
+  });
+  std::vector<ChartPoint> front;
+  double best = INFINITY;
+  for (const auto& p : pts)
+    if (p.y < best) {
+      best = p.y;
+      front.push_back(p);
+    }
+  return front;
+}
+
+ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
+  ReportData r;
+  r.kind = "sweep";
+  r.title = spec.title;
+  r.source = spec.source;
+  std::vector<double> an_step;
+  const std::vector<SweepRow> ranked = final_ranking(o, spec.rank_by, &an_step);
+  int64_t ok = 0, invalid = 0, oom = 0;
+  std::map<std::string, int64_t> reasons;
+  for (const auto& row : o.analytic) {
+    if (row.status == "ok") ++ok;
+    else if (row.status == "oom") ++oom;
+    else ++invalid;
+  }
+  const bool priced = std::any_of(spec.clusters.begin(), spec.clusters.end(),
+                                  [](const ClusterCase& c) { return c.price_per_gpu_hour > 0; });
+  r.summary.push_back({"sweep file", spec.source});
+  r.summary.push_back({"clusters", std::to_string(spec.clusters.size())});
+  r.summary.push_back({"layouts", fmt::format("{} ({} valid, {} out of memory, {} invalid)", o.analytic.size(), ok, oom,
+                                              invalid)});
+  r.summary.push_back({"ranked by", to_string(spec.rank_by)});
+  r.summary.push_back({"re-simulated (SimGrid)", std::to_string(o.simgrid.size())});
+  if (!ranked.empty()) {
+    const SweepRow& b = ranked.front();
+    r.summary.push_back({"best layout", b.cluster_label + ": " + layout_label(b.layout, b.micro_batch)});
+    r.summary.push_back({"best step time", fmt::format("{} ({} engine)", secs(b.step_time_s), b.engine)});
+    r.summary.push_back({"best tokens/s per GPU", fmt::format("{:.0f}", b.tokens_per_s_per_gpu)});
+    r.summary.push_back({"best MFU", fmt::format("{:.1f} %", b.mfu * 100)});
+    if (b.usd_per_mtoken > 0) r.summary.push_back({"best cost", fmt::format("{:.3f} USD per million tokens", b.usd_per_mtoken)});
+  }
+
+  // Tables.
+  ReportTable top;
+  top.caption = fmt::format("Best layouts (top {} of {})", std::min<size_t>(ranked.size(), 25), ranked.size());
+  top.columns = {"#", "cluster", "layout", "engine", "step time", "analytic", "tokens/s/GPU", "MFU", "TP exp", "CP exp",
+                 "PP exp", "DP exp", "bubble", "peak GiB", "USD/Mtok"};
+  for (size_t i = 0; i < ranked.size() && i < 25; ++i) {
+    const SweepRow& x = ranked[i];
+    top.rows.push_back({std::to_string(i + 1), x.cluster_label, layout_label(x.layout, x.micro_batch), x.engine,
+                        secs(x.step_time_s), secs(an_step[i]), fmt::format("{:.0f}", x.tokens_per_s_per_gpu),
+                        fmt::format("{:.1f}%", x.mfu * 100), secs(x.exposed_tp_s), secs(x.exposed_cp_s),
+                        secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.bubble_s),
+                        fmt::format("{:.1f}", x.peak_memory_bytes / kGiB),
+                        x.usd_per_mtoken > 0 ? fmt::format("{:.3f}", x.usd_per_mtoken) : "-"});
+  }
+  r.tables.push_back(top);
+  ReportTable bad;
+  bad.caption = "Layouts that cannot run (first 25)";
+  bad.columns = {"id", "cluster", "layout", "status", "reason"};
+  for (const auto& row : o.analytic) {
+    if (row.valid()) continue;
+    if (bad.rows.size() < 25)
+      bad.rows.push_back({std::to_string(row.id), row.cluster_label, layout_label(row.layout, row.micro_batch), row.status,
+                          row.reason});
+  }
+  if (!bad.rows.empty()) r.tables.push_back(bad);
+
+  // Throughput vs GPU count.
+  ScatterChart thr;
+  thr.title = "Throughput vs GPU count (valid layouts; line: best per count)";
+  thr.x_label = "GPUs";
+  thr.y_label = "tokens/s";
+  thr.log_x = true;
+  std::map<int64_t, ChartPoint> best_per_gpus;
+  size_t plotted = 0;
+  for (const auto& x : ranked) {
+    ChartPoint pt{x.cluster_label + ": " + layout_label(x.layout, x.micro_batch), static_cast<double>(x.gpus),
+                  x.tokens_per_s, false};
+    if (plotted++ < 1500) thr.points.push_back(pt);
+    auto it = best_per_gpus.find(x.gpus);
+    if (it == best_per_gpus.end() || pt.y > it->second.y) best_per_gpus[x.gpus] = pt;
+  }
+  for (auto& [g, p] : best_per_gpus) thr.line.push_back(p);
+  r.scatters.push_back(thr);
+
+  // Pareto: cost vs time.
+  ScatterChart par;
+  par.title = priced ? "Cost vs step time (line: Pareto front)" : "GPU-seconds vs step time (line: Pareto front)";
+  par.x_label = "step time (s)";
+  par.y_label = priced ? "USD per step" : "GPU-seconds per step";
+  std::vector<ChartPoint> all;
+  plotted = 0;
+  for (const auto& x : ranked) {
+    ChartPoint pt{x.cluster_label + ": " + layout_label(x.layout, x.micro_batch), x.step_time_s,
+                  priced ? x.usd_per_step : x.step_time_s * static_cast<double>(x.gpus), false};
+    all.push_back(pt);
+    if (plotted++ < 1500) par.points.push_back(pt);
+  }
+  par.line = pareto_front(all);
+  r.scatters.push_back(par);
+
+  // Breakdown of the best layouts.
+  StackedBarChart br;
+  br.title = "Step time breakdown of the best layouts";
+  br.y_label = "seconds per step";
+  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed"};
+  for (size_t i = 0; i < ranked.size() && i < 10; ++i) {
+    const SweepRow& x = ranked[i];
+    br.bars.push_back(fmt::format("#{}", i + 1));
+    br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s});
+  }
+  r.bars.push_back(br);
+
+  if (!ranked.empty()) {
+    const SweepRow& b = ranked.front();
+    AnalyticEngine eng(spec.clusters[static_cast<size_t>(b.cluster)].base);
+    const StepResult res = eng.step_result(b.layout, b.micro_batch);
+    r.bars.push_back(memory_chart(res, "Memory per GPU by pipeline stage, best layout"));
+    r.timeline = schedule_excerpt(eng, b.layout, b.micro_batch, 2 * b.layout.pp + 4);
+  }
+  r.notes.push_back("Every layout is estimated by the analytic engine (sim/analytic_engine.hpp); the best ones are "
+                    "re-simulated by the SimGrid engine and ranked by those figures first.");
+  r.notes.push_back("Exposed communication is the part of a kind's time during which compute waited (mean over "
+                    "pipeline stages).");
+  return r;
+}
+
+}  // namespace dtsim::sweep

@@ -1,0 +1,36 @@
+#pragma once
+// ReportData (reports/html.hpp) for sweep, compare and plan: tables and charts built from
+// their results (the reports themselves only render).
+//
+// Charts: throughput vs GPU count, the Pareto front of cost vs step time (USD per step when
+// prices are given, GPU-seconds per step otherwise), per-stage memory of the best layout
+// against HBM capacity, the step-time breakdown (compute, bubble, exposed TP/CP/PP/DP) of the
+// best layouts, and a 1F1B schedule excerpt of the best layout (analytic per-stage forward and
+// backward times, Narayanan 2021 Sec 2.2.1 order).
+#include <string>
+#include <vector>
+
+#include "models/sweep_spec.hpp"
+#include "reports/html.hpp"
+#include "sim/analytic_engine.hpp"
+#include "sim/sweep/runner.hpp"
+
+namespace dtsim::sweep {
+
+/// "DP4 TP8 CP1 PP4 VP2 ZeRO-1 SP selective mb1".
+std::string layout_label(const Layout& l, int64_t micro_batch);
+
+/// The pipeline schedule of the first micro-batches of a layout (1F1B order per rank,
+/// forward after the previous rank's forward + one message, backward after the next rank's
+/// backward + one message). At most `max_micro_batches` micro-batches.
+TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t micro_batch, int64_t max_micro_batches);
+
+/// Memory per pipeline stage (params, grads, optimizer, activations, other; GiB) of a result.
+StackedBarChart memory_chart(const StepResult& r, const std::string& title);
+
+/// Pareto front (min y for increasing x) of points, ascending x.
+std::vector<ChartPoint> pareto_front(std::vector<ChartPoint> pts);
+
+ReportData sweep_report(const SweepSpec& spec, const Outcome& o);
+
+}  // namespace dtsim::sweep

@@ -1,0 +1,217 @@
+#include "sim/sweep/sweep.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+
+namespace dtsim::sweep {
+
+namespace {
+
+std::string strip_file(const std::string& line, const std::string& file) {
+  const std::string prefix = file + ": ";
+  return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
+}
+
+}  // namespace
+
+std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
+  std::vector<LayoutPoint> out;
+  const LayoutSpace& s = spec.space;
+  const auto mbs = resolve_micro_batch(s, spec.training_micro_batch);
+  const bool sp_both = std::find(s.sequence_parallel.begin(), s.sequence_parallel.end(), false) !=
+                           s.sequence_parallel.end() &&
+                       std::find(s.sequence_parallel.begin(), s.sequence_parallel.end(), true) !=
+                           s.sequence_parallel.end();
+  const bool has_zero0 = std::find(s.zero_stages.begin(), s.zero_stages.end(), 0) != s.zero_stages.end();
+  int64_t id = 0;
+  for (size_t ci = 0; ci < spec.clusters.size(); ++ci) {
+    const Experiment& base = spec.clusters[ci].base;
+    const int64_t gpus = base.cluster.gpus();
+    for (int64_t tp : resolve_tp(s, base))
+      for (int64_t cp : resolve_cp(s, base))
+        for (int64_t pp : resolve_pp(s, base))
+          for (int64_t vp : resolve_vp(s, base, pp)) {
+            std::vector<int64_t> dps;
+            std::string dp_reason;
+            const int64_t denom = tp * cp * pp;
+            if (s.dp.is_auto) {
+              if (gpus % denom == 0) dps.push_back(gpus / denom);
+              else {
+                dps.push_back(0);
+                dp_reason = fmt::format("layout.tp*cp*pp={}*{}*{}={} does not divide the cluster's {} GPUs", tp, cp,
+                                        pp, denom, gpus);
+              }
+            } else {
+              dps = s.dp.values;
+            }
+            for (int64_t dp : dps)
+              for (int zero : s.zero_stages)
+                for (int64_t mb : mbs)
+                  for (Recompute rc : s.recompute)
+                    for (bool sp : s.sequence_parallel) {
+                      LayoutPoint p;
+                      p.id = id++;
+                      p.cluster = static_cast<int64_t>(ci);
+                      p.layout.dp = dp;
+                      p.layout.tp = tp;
+                      p.layout.cp = cp;
+                      p.layout.pp = pp;
+                      p.layout.vp = vp;
+                      p.layout.schedule = vp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+                      p.layout.zero_stage = zero;
+                      p.layout.recompute = rc;
+                      p.layout.sequence_parallel = sp;
+                      p.micro_batch = mb;
+                      p.reason = dp_reason;
+                      if (p.reason.empty() && sp && tp == 1 && sp_both)
+                        p.reason = "same as sequence_parallel=false (sequence parallelism needs tp > 1)";
+                      if (p.reason.empty() && zero > 0 && dp * cp == 1 && has_zero0)
+                        p.reason = fmt::format("same as zero_stage=0 (ZeRO-{} has nothing to shard with dp*cp=1)", zero);
+                      out.push_back(std::move(p));
+                    }
+          }
+  }
+  return out;
+}
+
+Evaluator::Evaluator(const SweepSpec& spec) : spec_(spec) {
+  for (const auto& c : spec.clusters) {
+    engines_.push_back(std::make_unique<AnalyticEngine>(c.base));
+    scratch_.push_back(c.base);
+  }
+}
+
+Experiment Evaluator::experiment(const LayoutPoint& p) const {
+  Experiment e = spec_.clusters[static_cast<size_t>(p.cluster)].base;
+  e.layout = p.layout;
+  e.training.micro_batch = p.micro_batch;
+  return e;
+}
+
+void Evaluator::fill_identity(SweepRow& row, const LayoutPoint& p) const {
+  const ClusterCase& cc = spec_.clusters[static_cast<size_t>(p.cluster)];
+  row.id = p.id;
+  row.cluster = p.cluster;
+  row.cluster_label = cc.label;
+  row.gpu = cc.base.cluster.gpu.name;
+  row.nodes = cc.base.cluster.nodes;
+  row.gpus = cc.base.cluster.gpus();
+  row.layout = p.layout;
+  row.micro_batch = p.micro_batch;
+  if (p.layout.dp > 0 && p.micro_batch > 0) row.micro_batches = cc.base.training.global_batch / (p.micro_batch * p.layout.dp);
+}
+
+void Evaluator::fill_cost(SweepRow& row) const {
+  const ClusterCase& cc = spec_.clusters[static_cast<size_t>(row.cluster)];
+  row.tokens_per_s_per_gpu = row.gpus > 0 ? row.tokens_per_s / static_cast<double>(row.gpus) : 0.0;
+  if (cc.price_per_gpu_hour > 0 && row.step_time_s > 0) {
+    row.usd_per_step = row.step_time_s / 3600.0 * static_cast<double>(row.gpus) * cc.price_per_gpu_hour;
+    const double tokens = static_cast<double>(cc.base.training.global_batch * cc.base.training.seq_len);
+    row.usd_per_mtoken = row.usd_per_step / tokens * 1e6;
+  }
+}
+
+SweepRow Evaluator::analytic(const LayoutPoint& p) {
+  SweepRow row;
+  fill_identity(row, p);
+  row.engine = "analytic";
+  if (!p.reason.empty()) {
+    row.status = "invalid";
+    row.reason = p.reason;
+    return row;
+  }
+  Experiment& e = scratch_[static_cast<size_t>(p.cluster)];
+  e.layout = p.layout;
+  e.training.micro_batch = p.micro_batch;
+  try {
+    validate_experiment(e);
+  } catch (const InputError& err) {
+    row.status = "invalid";
+    for (const auto& line : err.problems())
+      row.reason += (row.reason.empty() ? "" : "; ") + strip_file(line, e.source);
+    return row;
+  }
+  AnalyticEstimate est;
+  try {
+    est = engine(p.cluster).estimate(p.layout, p.micro_batch);
+  } catch (const InputError& err) {
+    row.status = "invalid";
+    for (const auto& line : err.problems()) row.reason += (row.reason.empty() ? "" : "; ") + line;
+    return row;
+  }
+  row.step_time_s = est.step_time_s;
+  row.tokens_per_s = est.tokens_per_s;
+  row.mfu = est.mfu;
+  row.tflops_per_gpu = est.tflops_per_gpu;
+  row.compute_s = est.compute_s;
+  row.bubble_s = est.bubble_s;
+  row.optimizer_s = est.optimizer_s;
+  row.exposed_tp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::TP)];
+  row.exposed_cp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::CP)];
+  row.exposed_pp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::PP)];
+  row.exposed_dp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::DP)];
+  row.peak_memory_bytes = est.peak_memory_bytes;
+  row.capacity_bytes = est.capacity_bytes;
+  if (est.fits) {
+    row.status = "ok";
+  } else {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    row.status = "oom";
+    row.reason = fmt::format("out of memory: stage {} needs {:.2f} GiB, {:.2f} GiB available", est.peak_stage,
+                             est.peak_memory_bytes / gib, est.capacity_bytes / gib);
+  }
+  fill_cost(row);
+  return row;
+}
+
+SweepRow Evaluator::from_result(const LayoutPoint& p, const StepResult& r, const SweepRow& analytic_row) const {
+  SweepRow row = analytic_row;
+  fill_identity(row, p);
+  row.engine = r.engine.empty() ? "simgrid" : r.engine;
+  row.step_time_s = r.step_time_s;
+  row.tokens_per_s = r.tokens_per_s;
+  row.mfu = r.mfu;
+  row.tflops_per_gpu = r.tflops_per_gpu;
+  row.compute_s = r.compute_s;
+  row.bubble_s = r.bubble_s;
+  row.optimizer_s = r.optimizer_s;
+  auto exposed = [&](const char* k) {
+    auto it = r.comm.find(k);
+    return it == r.comm.end() ? 0.0 : it->second.exposed_s;
+  };
+  row.exposed_tp_s = exposed("TP");
+  row.exposed_cp_s = exposed("CP");
+  row.exposed_pp_s = exposed("PP");
+  row.exposed_dp_s = exposed("DP");
+  double peak = 0, cap = 0;
+  for (const auto& st : r.stages) {
+    peak = std::max(peak, st.memory.peak_bytes);
+    cap = st.memory.capacity_bytes;
+  }
+  if (!r.stages.empty()) {
+    row.peak_memory_bytes = peak;
+    row.capacity_bytes = cap;
+  }
+  row.usd_per_step = row.usd_per_mtoken = 0;
+  fill_cost(row);
+  return row;
+}
+
+std::vector<size_t> ranking(const std::vector<SweepRow>& rows, RankBy by) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].valid()) idx.push_back(i);
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+    const double va = rank_value(rows[a], by), vb = rank_value(rows[b], by);
+    if (va != vb) return va < vb;
+    return rows[a].id < rows[b].id;
+  });
+  return idx;
+}
+
+}  // namespace dtsim::sweep

@@ -1,0 +1,96 @@
+// Speed of the sweep machinery (the targets, measured here and never in tests):
+//   - analytic engine: >= 50,000 layouts/s on one core, a 70B model on 1,024 GPUs
+//     (BM_AnalyticEstimate: the engine alone on every valid layout of
+//     experiments/sweeps/llama3-70b-1024-h100.yaml, per-shape costs already cached as in a
+//     sweep; BM_AnalyticSweepRow: validation + estimate + row, what the sweep pays per point);
+//   - the whole sweep of that file (>= 2,000 valid layouts, SimGrid on the best 20, 2 jobs)
+//     within 2 minutes on 2 cores (BM_Sweep70B1024, one iteration, real time).
+// Run: build/tests/dtsim_benchmarks --benchmark_filter=Analytic|Sweep
+#include <benchmark/benchmark.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "models/sweep_spec.hpp"
+#include "sim/analytic_engine.hpp"
+#include "sim/sweep/runner.hpp"
+#include "sim/sweep/sweep.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace dtsim;
+
+const std::string kSweep = std::string(DTSIM_SOURCE_DIR) + "/experiments/sweeps/llama3-70b-1024-h100.yaml";
+
+struct Fixture {
+  SweepSpec spec = load_sweep_spec(kSweep, SpecKind::sweep);
+  std::vector<sweep::LayoutPoint> points = sweep::enumerate_layouts(spec);
+  std::vector<sweep::LayoutPoint> valid;
+  Fixture() {
+    sweep::Evaluator ev(spec);
+    for (const auto& p : points)
+      if (ev.analytic(p).valid()) valid.push_back(p);
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture f;
+  return f;
+}
+
+void BM_AnalyticEstimate(benchmark::State& state) {
+  const Fixture& f = fixture();
+  AnalyticEngine eng(f.spec.clusters[0].base);
+  for (const auto& p : f.valid) eng.estimate(p.layout, p.micro_batch);  // warm the shape cache
+  size_t i = 0;
+  for (auto _ : state) {
+    const auto& p = f.valid[i++ % f.valid.size()];
+    benchmark::DoNotOptimize(eng.estimate(p.layout, p.micro_batch));
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["valid_layouts"] = static_cast<double>(f.valid.size());
+}
+BENCHMARK(BM_AnalyticEstimate);
+
+void BM_AnalyticSweepRow(benchmark::State& state) {
+  const Fixture& f = fixture();
+  sweep::Evaluator ev(f.spec);
+  for (const auto& p : f.points) ev.analytic(p);
+  size_t i = 0;
+  for (auto _ : state) {
+    const auto& p = f.points[i++ % f.points.size()];
+    benchmark::DoNotOptimize(ev.analytic(p));
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["points"] = static_cast<double>(f.points.size());
+}
+BENCHMARK(BM_AnalyticSweepRow);
+
+void BM_Sweep70B1024(benchmark::State& state) {
+  const Fixture& f = fixture();
+  for (auto _ : state) {
+    std::string tmpl = (fs::temp_directory_path() / "dtsim-bench-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) state.SkipWithError("mkdtemp failed");
+    sweep::RunOptions o;
+    o.out_dir = tmpl;
+    o.progress = false;
+    o.jobs = 2;
+    o.refine_top = 20;
+    const sweep::Outcome out = sweep::run_sweep(f.spec, o);
+    sweep::write_outputs(f.spec, out, tmpl);
+    int64_t valid = 0;
+    for (const auto& r : out.analytic) valid += r.valid() ? 1 : 0;
+    state.counters["layouts"] = static_cast<double>(out.analytic.size());
+    state.counters["valid"] = static_cast<double>(valid);
+    state.counters["refined"] = static_cast<double>(out.simgrid.size());
+    fs::remove_all(tmpl);
+  }
+}
+BENCHMARK(BM_Sweep70B1024)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

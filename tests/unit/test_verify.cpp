@@ -1,0 +1,436 @@
+// dtsim verify (models/verify/): the reference model against finite differences, every
+// rule on layouts mixing DP, TP, CP, PP and ZeRO on up to 16 ranks, every injected bug
+// detected, the plan gaps the verifier found (and the plan edits that close them), and the
+// shipped experiments. The worked numbers of design/MATH.md section 6 are in
+// test_math_rules.cpp (models/reference_math.*, which the verifier reuses for its
+// collectives and Adam).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "models/flops.hpp"
+#include "models/plan.hpp"
+#include "models/verify/plan_fixes.hpp"
+#include "models/verify/tensor.hpp"
+#include "models/verify/tiny_model.hpp"
+#include "models/verify/verify.hpp"
+
+namespace dtsim::verify {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A GPT-style model on 16 GPUs; each test sets its layout (the verifier shrinks the model).
+const char* kBase = R"(title: verify test
+model: {name: tiny, layers: 8, hidden: 512, heads: 16, kv_heads: 16, ffn_hidden: 2048, vocab: 4096,
+        activation: gelu, norm: layernorm, position: learned, tied_embeddings: false,
+        max_position_embeddings: 2048}
+cluster: {node: dgx-a100, nodes: 2}
+layout: {dp: 2, tp: 2, cp: 2, pp: 2}
+training: {seq_len: 1024, global_batch: 16, micro_batch: 2}
+)";
+
+struct Case {
+  const char* name;
+  int64_t dp = 1, tp = 1, cp = 1, pp = 1;
+  int zero = 0;
+  bool sp = false;
+  Recompute recompute = Recompute::none;
+  bool flash = true;
+  bool llama = false;  // SwiGLU, RMSNorm, RoPE, GQA (else GeLU, LayerNorm, learned positions, MHA)
+  bool tied = false;
+  Schedule schedule = Schedule::one_f_one_b;
+  int64_t vp = 1;
+  bool overlap_param_gather = false;
+  double grad_bucket_bytes = 0;          // 0: the framework default (one bucket for these sizes)
+  bool reduce_every_micro_batch = false;
+};
+
+Experiment make(const Case& c) {
+  Experiment e = parse_experiment(kBase, "verify-test.yaml");
+  e.title = c.name;
+  Layout& l = e.layout;
+  l.dp = c.dp;
+  l.tp = c.tp;
+  l.cp = c.cp;
+  l.pp = c.pp;
+  l.zero_stage = c.zero;
+  l.sequence_parallel = c.sp;
+  l.recompute = c.recompute;
+  l.schedule = c.schedule;
+  l.vp = c.vp;
+  e.training.flash_attention = c.flash;
+  e.training.overlap_param_gather = c.overlap_param_gather;
+  e.training.overlap_grad_reduce = true;
+  e.training.grad_bucket_bytes = c.grad_bucket_bytes;
+  e.training.reduce_every_micro_batch = c.reduce_every_micro_batch;
+  e.training.micro_batch = 2;
+  e.training.global_batch = 2 * c.dp * (c.schedule == Schedule::interleaved ? c.pp : 4);
+  e.model.tied_embeddings = c.tied;
+  e.model.layers = 8 * c.vp;
+  if (c.llama) {
+    e.model.activation = Activation::swiglu;
+    e.model.norm = Norm::rmsnorm;
+    e.model.position = Position::rope;
+    e.model.kv_heads = 8;
+    e.model.max_position_embeddings = 0;
+  }
+  const int64_t world = c.dp * c.tp * c.cp * c.pp;
+  e.cluster.nodes = 1;
+  e.cluster.gpus_per_node = world;
+  e.cluster.nics_per_node = 0;
+  validate_experiment(e);
+  return e;
+}
+
+std::string describe(const VerifyReport& r) {
+  std::string s;
+  for (const auto& x : r.rules) {
+    s += "\n  " + x.name + (x.applicable ? (x.passed ? " PASS " : " FAIL ") : " n/a ") +
+         std::to_string(x.max_abs_error) + " over " + std::to_string(x.values) + " values; worst: " + x.worst;
+    for (const auto& p : x.problems) s += "\n    - " + p;
+  }
+  for (const auto& n : r.notes) s += "\n  note: " + n;
+  return s;
+}
+
+std::vector<std::string> failing(const VerifyReport& r) {
+  std::vector<std::string> out;
+  for (const auto& x : r.rules)
+    if (x.applicable && !x.passed) out.push_back(x.name);
+  return out;
+}
+
+bool has_gap_note(const VerifyReport& r) {
+  return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("plan gap", 0) == 0; });
+}
+
+/// The plan of `e` (shrunk) with every gap the verifier reports for it closed
+/// (models/verify/plan_fixes.hpp).
+StepPlan patched_plan(const Experiment& e) {
+  StepPlan plan = build_step_plan(shrink_experiment(e));
+  close_known_gaps(plan);
+  return plan;
+}
+
+// ======================================================================================
+TEST(VerifyKernels, RngIsTheStandardMt19937_64) {
+  // C++ standard [rand.predef]: the 10000th invocation of a default-constructed
+  // mt19937_64 produces 9981545732273789042; our seeded stream is std::mt19937_64 too.
+  std::mt19937_64 g;
+  g.discard(9999);
+  EXPECT_EQ(g(), 9981545732273789042ULL);
+  Rng a(7), b(7);
+  for (int i = 0; i < 100; ++i) {
+    const double x = a.uniform();
+    EXPECT_EQ(x, b.uniform());
+    EXPECT_GE(x, -1.0);
+    EXPECT_LT(x, 1.0);
+  }
+}
+
+TEST(VerifyKernels, RopeInverseUndoesTheRotation) {
+  Mat x(3, 8);
+  Rng r(1);
+  for (auto& v : x.v) v = r.uniform();
+  Mat y = x;
+  rope_apply(y, 2, 4, {0, 5, 9}, false);
+  rope_apply(y, 2, 4, {0, 5, 9}, true);
+  for (size_t i = 0; i < x.v.size(); ++i) EXPECT_NEAR(y.v[i], x.v[i], 1e-15);
+}
+
+TEST(VerifyShrink, KeepsTheLayoutAndShrinksTheModel) {
+  const Experiment e = make({.name = "shrink", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1, .sp = true});
+  const Experiment s = shrink_experiment(e);
+  EXPECT_EQ(s.layout.dp, 2);
+  EXPECT_EQ(s.layout.tp, 2);
+  EXPECT_EQ(s.layout.cp, 2);
+  EXPECT_EQ(s.layout.pp, 2);
+  EXPECT_EQ(s.layout.zero_stage, 1);
+  EXPECT_TRUE(s.layout.sequence_parallel);
+  EXPECT_EQ(s.model.heads, 4);  // 2 per TP rank
+  EXPECT_EQ(s.model.hidden, 16);
+  EXPECT_EQ(s.model.layers, 4);  // 2 per stage
+  EXPECT_EQ(s.training.seq_len % (s.layout.cp * s.layout.tp), 0);  // SP shards of CP shards
+  EXPECT_EQ(s.training.accumulation(s.layout), 4);
+}
+
+/// The reference step's gradient against central differences of its loss: the verifier's
+/// yardstick must itself be right. eps = 1e-5: truncation ~eps^2 = 1e-10, rounding
+/// ~1e-16 / 1e-5 = 1e-11, so 1e-7 is a safe bound on O(1e-2) gradients.
+void check_reference_gradient(const Case& c) {
+  const TinyModel m(shrink_experiment(make(c)));
+  const std::vector<double> p = init_params(m, 3);
+  const Batch b = make_batch(m, 4);
+  const RefStep r = reference_step(m, p, b);
+  EXPECT_GT(r.loss, 0.0);
+  Rng pick(5);
+  for (int k = 0; k < 60; ++k) {
+    const size_t i = static_cast<size_t>(pick.below(m.total_params));
+    std::vector<double> q = p;
+    const double eps = 1e-5;
+    q[i] = p[i] + eps;
+    const double up = reference_step(m, q, b).loss;
+    q[i] = p[i] - eps;
+    const double down = reference_step(m, q, b).loss;
+    EXPECT_NEAR(r.grad[i], (up - down) / (2 * eps), 1e-7) << c.name << " parameter " << i;
+  }
+}
+
+TEST(VerifyReference, GptGradientMatchesFiniteDifferences) {
+  check_reference_gradient({.name = "gpt", .pp = 2, .tied = true});
+}
+
+TEST(VerifyReference, LlamaGradientMatchesFiniteDifferences) {
+  check_reference_gradient({.name = "llama", .tp = 2, .llama = true});
+}
+
+TEST(VerifyReference, BatchHasUnequalValidTokens) {
+  const TinyModel m(shrink_experiment(make({.name = "batch", .dp = 2})));
+  const Batch b = make_batch(m, 9);
+  std::set<int64_t> counts;
+  for (int64_t s = 0; s < b.samples; ++s) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < b.seq; ++t) n += b.valid[static_cast<size_t>(s * b.seq + t)];
+    counts.insert(n);
+  }
+  EXPECT_GT(counts.size(), 1u);
+  EXPECT_LT(b.n_valid, b.samples * b.seq);
+}
+
+// ---- every rule on layouts mixing the splits (no known plan gap on these) ----
+class VerifyLayouts : public ::testing::TestWithParam<Case> {};
+
+TEST_P(VerifyLayouts, EveryRulePasses) {
+  const Case& c = GetParam();
+  const VerifyReport r = verify_experiment(make(c));
+  EXPECT_TRUE(r.passed()) << c.name << describe(r);
+  EXPECT_LE(r.world, 16);
+  for (const auto& x : r.rules) {
+    if (!x.applicable || x.name == "plan") continue;
+    EXPECT_GT(x.values, 0) << c.name << ": rule " << x.name << " compared nothing";
+    EXPECT_LE(x.max_abs_error, x.tolerance) << c.name << ": rule " << x.name;
+  }
+  EXPECT_EQ(r.rule("TP").applicable, c.tp > 1);
+  EXPECT_EQ(r.rule("CP").applicable, c.cp > 1);
+  EXPECT_EQ(r.rule("PP").applicable, c.pp > 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mixed, VerifyLayouts,
+    ::testing::Values(
+        Case{.name = "dp2", .dp = 2},
+        Case{.name = "tp2_pp2_dp2_cp2_zero1", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1},
+        Case{.name = "tp2_cp2_dp2_pp2_zero2_unfused", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 2, .flash = false},
+        Case{.name = "tp4_cp2_pp2_llama_full_recompute", .tp = 4, .cp = 2, .pp = 2,
+             .recompute = Recompute::full, .llama = true},
+        Case{.name = "cp4_dp2_pp2_zero1_selective", .dp = 2, .cp = 4, .pp = 2, .zero = 1,
+             .recompute = Recompute::selective},
+        Case{.name = "tp2_dp2_pp4_interleaved_vp2", .dp = 2, .tp = 2, .pp = 4, .schedule = Schedule::interleaved,
+             .vp = 2},
+        Case{.name = "tp2_dp2_pp2_gpipe_tied", .dp = 2, .tp = 2, .pp = 2, .tied = true, .schedule = Schedule::gpipe},
+        Case{.name = "tp8_dp2_tied_pp1", .dp = 2, .tp = 8, .tied = true},
+        Case{.name = "cp2_tp2_unfused_selective_llama", .tp = 2, .cp = 2, .recompute = Recompute::selective,
+             .flash = false, .llama = true},
+        // 2 KB buckets of fp32 gradients: several DP ReduceScatters per stage, issued during backward.
+        Case{.name = "tp2_dp2_pp2_zero1_small_buckets", .dp = 2, .tp = 2, .pp = 2, .zero = 1,
+             .grad_bucket_bytes = 2048},
+        Case{.name = "dp4_tp2_zero2_every_micro_batch", .dp = 4, .tp = 2, .zero = 2, .reduce_every_micro_batch = true},
+        Case{.name = "dp4_tp2_zero0_every_micro_batch", .dp = 4, .tp = 2, .reduce_every_micro_batch = true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- the gaps the verifier found in models/plan.cpp, and the edits that close them ----
+TEST(VerifyPlanGaps, SequenceParallelNeedsTheReplicatedGradientsSummedOverTp) {
+  const Experiment e = make({.name = "sp", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1, .sp = true});
+  const StepPlan plan = build_step_plan(shrink_experiment(e));
+  bool has_sync = false;
+  for (const auto& st : plan.stages)
+    for (const auto& op : st.ops) has_sync = has_sync || std::string(op.name) == "tp_sp_grad_allreduce";
+  if (!has_sync) {  // the gap: norm weights and row-parallel biases keep TP partial sums
+    VerifyOptions o;
+    o.steps = 1;
+    const VerifyReport r = verify_plan(plan, o);
+    EXPECT_FALSE(r.rule("DP").passed) << describe(r);
+    const std::string& w = r.rule("DP").worst;
+    EXPECT_TRUE(w.find("norm") != std::string::npos || w.find("bias") != std::string::npos) << w;
+    EXPECT_TRUE(r.rule("TP").passed) << describe(r);  // activations are right; only those gradients are not
+    EXPECT_TRUE(has_gap_note(r));
+  }
+  StepPlan fixed = build_step_plan(shrink_experiment(e));
+  if (!has_sync) add_sp_grad_sync(fixed);
+  const VerifyReport ok = verify_plan(fixed);
+  EXPECT_TRUE(ok.passed()) << describe(ok);
+}
+
+TEST(VerifyPlanGaps, LayerOnlyParameterGathersLeaveTheEmbeddingStale) {
+  for (const Case& c : {Case{.name = "zero3", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 3},
+                        Case{.name = "zero1_overlap", .dp = 4, .tp = 2, .pp = 2, .zero = 1,
+                             .overlap_param_gather = true}}) {
+    const Experiment e = make(c);
+    const VerifyReport one = verify_experiment(e, {.steps = 1});
+    const VerifyReport three = verify_experiment(e);
+    if (!has_gap_note(three)) {  // closed in the plan
+      EXPECT_TRUE(three.passed()) << c.name << describe(three);
+      continue;
+    }
+    // Step 1 is right everywhere (its forward uses the initial parameters) ...
+    for (const char* rule : {"loss", "DP", "TP", "CP", "PP"}) EXPECT_TRUE(one.rule(rule).passed) << c.name << describe(one);
+    // ... but owners' updates of non-layer parameters never reach the other ranks.
+    EXPECT_FALSE(three.passed()) << c.name;
+    const VerifyReport fixed = verify_plan(patched_plan(e));
+    EXPECT_TRUE(fixed.passed()) << c.name << describe(fixed);
+  }
+}
+
+TEST(VerifyPlanGaps, TiedEmbeddingGradientsAreSummedAcrossStages) {
+  // Megatron's embedding group: with ZeRO-0 the two copies' (DP-reduced) gradients add up.
+  const VerifyReport r = verify_experiment(make({.name = "tied", .dp = 2, .tp = 2, .pp = 4, .tied = true}));
+  EXPECT_TRUE(r.passed()) << describe(r);
+}
+
+TEST(VerifyPlanGaps, TiedEmbeddingWithZeroNeedsItsOwnGradientBucket) {
+  const Experiment e = make({.name = "tied_zero1", .dp = 2, .tp = 2, .pp = 2, .zero = 1, .tied = true});
+  const VerifyReport r = verify_experiment(e, {.steps = 1});
+  if (has_gap_note(r)) {  // the embedding AllReduce runs after differently sharded ReduceScatters
+    EXPECT_FALSE(r.rule("plan").passed);
+    EXPECT_NE(describe(r).find("different owners"), std::string::npos) << describe(r);
+  } else {
+    EXPECT_TRUE(r.passed()) << describe(r);
+  }
+  const VerifyReport fixed = verify_plan(patched_plan(e));
+  EXPECT_TRUE(fixed.passed()) << describe(fixed);
+  EXPECT_FALSE(has_gap_note(fixed)) << describe(fixed);
+}
+
+TEST(VerifyPlanGaps, RemovingAnOpIsReportedPrecisely) {
+  const Experiment e = make({.name = "cut", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1});
+  const StepPlan base = build_step_plan(shrink_experiment(e));
+  struct Cut {
+    const char* name;
+    const char* expect;  // a phrase of the plan problem
+  };
+  for (const Cut& cut : {Cut{"cp_kv_allgather", "K/V of the other CP ranks"}, Cut{"dp_grad_reducescatter", "never reduced"},
+                         Cut{"tp_allreduce", "TP partial sum"}, Cut{"recv_grad", "holds none"}}) {
+    StepPlan plan = base;
+    for (auto& st : plan.stages) {
+      auto it = std::find_if(st.ops.begin(), st.ops.end(), [&](const Op& op) {
+        return std::string(op.name) == cut.name && op.type != OpType::wait;
+      });
+      if (it == st.ops.end()) continue;
+      const int handle = it->type == OpType::issue ? it->handle : -1;
+      st.ops.erase(it);
+      if (handle >= 0)  // and its wait
+        st.ops.erase(std::find_if(st.ops.begin(), st.ops.end(),
+                                  [&](const Op& op) { return op.type == OpType::wait && op.handle == handle; }));
+      break;
+    }
+    const VerifyReport r = verify_plan(plan, {.steps = 1});
+    EXPECT_FALSE(r.passed()) << cut.name;
+    const auto& ps = r.rule("plan").problems;
+    EXPECT_TRUE(std::any_of(ps.begin(), ps.end(), [&](const std::string& p) { return p.find(cut.expect) != std::string::npos; }))
+        << cut.name << describe(r);
+  }
+}
+
+// ---- injected bugs ----
+struct Bug {
+  Injection inj;
+  const char* rule;  // a rule that must fail
+};
+
+TEST(VerifyInjections, EveryBugFailsItsRule) {
+  // All eight bugs can show on this layout (DP, TP, CP, PP, ZeRO-1, 4 micro-batches).
+  const Experiment e = make({.name = "rich", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1});
+  const StepPlan plan = patched_plan(e);
+  ASSERT_TRUE(verify_plan(plan).passed());
+  for (const Bug& b : {Bug{Injection::tp_grad_avg, "TP"}, Bug{Injection::dp_local_mean, "DP"},
+                       Bug{Injection::cp_loss_scale, "loss"}, Bug{Injection::adam_before_sync, "ZeRO"},
+                       Bug{Injection::dp_grad_sum, "DP"}, Bug{Injection::cp_causal_local, "CP"},
+                       Bug{Injection::zero_skip_param_gather, "ZeRO"}, Bug{Injection::pp_microbatch_swap, "PP"}}) {
+    VerifyOptions o;
+    o.inject = b.inj;
+    const VerifyReport r = verify_plan(plan, o);
+    EXPECT_FALSE(r.passed()) << to_string(b.inj);
+    EXPECT_FALSE(r.rule(b.rule).passed) << to_string(b.inj) << describe(r);
+  }
+  EXPECT_EQ(all_injections().size(), 8u);
+}
+
+TEST(VerifyInjections, ClassicBugsOnTheirOwnSplit) {
+  // cp-loss-scale is off by exactly the CP size; dp-local-mean only matters with unequal
+  // valid tokens (the batch has them), here with DP alone.
+  const VerifyReport cp = verify_experiment(make({.name = "cp4", .cp = 4}), {.inject = Injection::cp_loss_scale});
+  EXPECT_FALSE(cp.rule("loss").passed);
+  const VerifyReport dp = verify_experiment(make({.name = "dp4", .dp = 4}), {.inject = Injection::dp_local_mean});
+  EXPECT_FALSE(dp.rule("DP").passed);
+  EXPECT_FALSE(dp.rule("loss").passed);
+  const VerifyReport tp = verify_experiment(make({.name = "tp4", .tp = 4}), {.inject = Injection::tp_grad_avg});
+  EXPECT_FALSE(tp.rule("TP").passed);
+}
+
+TEST(VerifyInjections, ABugThatCannotShowIsAnInputError) {
+  const Experiment e = make({.name = "dp2", .dp = 2});
+  EXPECT_THROW(verify_experiment(e, {.inject = Injection::cp_loss_scale}), InputError);
+  EXPECT_THROW(verify_experiment(e, {.inject = Injection::tp_grad_avg}), InputError);
+  EXPECT_THROW(parse_injection("no-such-bug"), InputError);
+  EXPECT_EQ(parse_injection("adam-before-sync"), Injection::adam_before_sync);
+}
+
+// ---- the shipped experiments ----
+std::vector<fs::path> shipped() {
+  std::vector<fs::path> out;
+  const fs::path root = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+  for (const auto& ent : fs::recursive_directory_iterator(root)) {
+    if (!ent.is_regular_file() || ent.path().extension() != ".yaml") continue;
+    if (ent.path().parent_path().filename() == "sweeps") continue;  // sweep specs, not experiments
+    out.push_back(ent.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Shrunk worlds above this run in tests/slow (a 2240-rank layout takes seconds per step).
+constexpr int64_t kUnitSuiteMaxWorld = 512;
+
+TEST(VerifyShipped, EveryExperimentPassesOnceItsReportedGapsAreClosed) {
+  int checked = 0;
+  for (const fs::path& p : shipped()) {
+    const Experiment e = load_experiment(p.string());
+    const Experiment s = shrink_experiment(e);
+    if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld) continue;
+    ++checked;
+    const VerifyReport as_is = verify_experiment(e, {.steps = 2});
+    // A failure is always one the report explains as a plan gap.
+    if (!as_is.passed()) EXPECT_TRUE(has_gap_note(as_is)) << p << describe(as_is);
+    const VerifyReport fixed = verify_plan(patched_plan(e), {.steps = 2});
+    EXPECT_TRUE(fixed.passed()) << p << describe(fixed);
+  }
+  EXPECT_GE(checked, 10);
+}
+
+TEST(VerifyShipped, EveryApplicableBugFailsOnEveryExperiment) {
+  for (const fs::path& p : shipped()) {
+    const Experiment e = load_experiment(p.string());
+    const Experiment s = shrink_experiment(e);
+    if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld) continue;
+    const StepPlan plan = patched_plan(e);
+    for (Injection inj : all_injections()) {
+      if (!injection_inapplicable(inj, s).empty()) {
+        EXPECT_THROW(verify_plan(plan, {.steps = 2, .inject = inj}), InputError);
+        continue;
+      }
+      const VerifyReport r = verify_plan(plan, {.steps = 2, .inject = inj});
+      EXPECT_FALSE(r.passed()) << p << " " << to_string(inj);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtsim::verify

@@ -1,0 +1,98 @@
+// `dtsim verify` run as a user would: exit codes, report text, JSON, injections.
+// DTSIM_BINARY and DTSIM_SOURCE_DIR are absolute paths set by tests/CMakeLists.txt.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace dtsim {
+namespace {
+
+namespace fs = std::filesystem;
+
+// DP 32, TP 1, PP 1, tied embeddings: a layout without any open plan gap.
+const fs::path kExp = fs::path(DTSIM_SOURCE_DIR) / "experiments" / "validation" / "narayanan-gpt-1.7b.yaml";
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class VerifyCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "dtsim-verify-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  Outcome dtsim(const std::string& args) const {
+    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
+    const std::string cmd = std::string("'") + DTSIM_BINARY + "' " + args + " >'" + out.string() + "' 2>'" +
+                            err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(out), read(err)};
+  }
+  fs::path dir_;
+};
+
+TEST_F(VerifyCli, PassingLayoutExitsZeroWithEveryRule) {
+  const Outcome o = dtsim("verify '" + kExp.string() + "'");
+  EXPECT_EQ(o.code, 0) << o.out << o.err;
+  for (const char* s : {"loss", "DP", "TP", "CP", "PP", "ZeRO", "plan", "verdict: PASS", "(32 ranks)"})
+    EXPECT_NE(o.out.find(s), std::string::npos) << s << " missing in:\n" << o.out;
+}
+
+TEST_F(VerifyCli, InjectedBugIsDetectedWithExitThree) {
+  const Outcome o = dtsim("verify '" + kExp.string() + "' --inject dp-local-mean");
+  EXPECT_EQ(o.code, 3) << o.out << o.err;
+  EXPECT_NE(o.out.find("injected bug dp-local-mean was detected"), std::string::npos) << o.out;
+}
+
+TEST_F(VerifyCli, BugThatCannotShowAndUnknownBugAreInputErrors) {
+  const Outcome cp = dtsim("verify '" + kExp.string() + "' --inject cp-loss-scale");
+  EXPECT_EQ(cp.code, 2);
+  EXPECT_NE(cp.err.find("error: "), std::string::npos);
+  EXPECT_NE(cp.err.find("layout.cp > 1"), std::string::npos) << cp.err;
+  const Outcome bad = dtsim("verify '" + kExp.string() + "' --inject frobnicate");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("tp-grad-avg"), std::string::npos) << "lists the valid bugs: " << bad.err;
+}
+
+TEST_F(VerifyCli, JsonHoldsEveryRule) {
+  const fs::path j = dir_ / "v.json";
+  const Outcome o = dtsim("verify '" + kExp.string() + "' --quiet --steps 2 --json '" + j.string() + "'");
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(o.out.empty()) << o.out;
+  const auto doc = nlohmann::json::parse(read(j));
+  EXPECT_TRUE(doc.at("passed").get<bool>());
+  EXPECT_EQ(doc.at("steps").get<int>(), 2);
+  EXPECT_EQ(doc.at("world").get<int>(), 32);
+  EXPECT_EQ(doc.at("rules").size(), 7u);
+  for (const auto& r : doc.at("rules")) {
+    EXPECT_TRUE(r.at("passed").get<bool>() || !r.at("applicable").get<bool>()) << r.dump();
+    EXPECT_LE(r.at("max_abs_error").get<double>(), r.at("tolerance").get<double>() + 0.0) << r.dump();
+  }
+}
+
+TEST_F(VerifyCli, SetOverridesTheLayout) {
+  const Outcome o = dtsim("verify '" + kExp.string() + "' --set layout.dp=16 --set cluster.nodes=2 --steps 1");
+  EXPECT_EQ(o.code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("(16 ranks)"), std::string::npos) << o.out;
+}
+
+}  // namespace
+}  // namespace dtsim
