@@ -548,7 +548,23 @@ class Builder {
       embedding_backward(mb);
       grads_ready(embedding_params_rank(), -1, mb, sync);
     }
+    // Reducing every micro-batch (DeepSpeed): this micro-batch's gradients leave now, in
+    // whatever bucket is still open, so buckets never mix micro-batches.
+    if (sync && e_.training.reduce_every_micro_batch && l_.zero_stage != 3 && mb != shape_.micro_batches - 1)
+      flush_pending(-1, mb);
     if (!ch.first) p2p(OpType::send, Direction::backward, mb, c, prev_rank());
+  }
+
+  /// Sends the open bucket: asynchronously with overlap_grad_reduce, else blocking.
+  void flush_pending(int layer, int mb) {
+    if (pending_params_ <= 0 || !dp_active()) return;
+    if (e_.training.overlap_grad_reduce) {
+      flush_bucket(layer, mb);
+      return;
+    }
+    collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, layer, mb,
+               CommKind::DP, grad_collective(), GroupKind::DPxCP, pending_params_ * shape_.grad_bytes_per_param);
+    pending_params_ = 0;
   }
 
   /// Parameter gathers needed before a layer's forward: ZeRO-3 every micro-batch; with
@@ -637,15 +653,7 @@ class Builder {
     cur_chunk_ = 0;
     const int last_layer = -1;
     const int mb = static_cast<int>(shape_.micro_batches - 1);
-    if (dp_active() && l_.zero_stage != 3) {
-      if (!e_.training.overlap_grad_reduce && pending_params_ > 0) {
-        const double size = pending_params_ * shape_.grad_bytes_per_param;
-        collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, last_layer,
-                   mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size);
-        pending_params_ = 0;
-      }
-      flush_bucket(last_layer, mb);
-    }
+    if (dp_active() && l_.zero_stage != 3) flush_pending(last_layer, mb);
     for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
     // Tied word embedding with pp > 1: the first and last stages each hold a copy and
     // SUM their gradients before the optimizer (Megatron-LM
