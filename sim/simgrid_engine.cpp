@@ -13,8 +13,6 @@
 #include <simgrid/s4u.hpp>
 #include <xbt/log.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +34,7 @@
 #include "models/rank_grid.hpp"
 #include "reports/json.hpp"
 #include "reports/json_read.hpp"
+#include "sim/child_process.hpp"
 #include "sim/collective_exec.hpp"
 #include "sim/engine.hpp"
 #include "sim/platform.hpp"
@@ -586,43 +585,8 @@ StepResult simulate_step(const Experiment& exp, const EngineOptions& opts) {
 StepResult simulate_step_isolated(const Experiment& exp, const EngineOptions& opts) {
   // Validate and plan in the parent so input errors surface as InputError here.
   (void)build_step_plan(exp);
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("simulate_step_isolated: pipe() failed");
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("simulate_step_isolated: fork() failed");
-  if (pid == 0) {
-    close(fds[0]);
-    int code = 0;
-    std::string text;
-    try {
-      text = result_json_text(simulate_step(exp, opts));
-    } catch (const std::exception& ex) {
-      text = std::string("!") + ex.what();
-      code = 1;
-    }
-    size_t off = 0;
-    while (off < text.size()) {
-      const ssize_t w = write(fds[1], text.data() + off, text.size() - off);
-      if (w <= 0) break;
-      off += static_cast<size_t>(w);
-    }
-    close(fds[1]);
-    _exit(code);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t r = read(fds[0], buf, sizeof buf);
-    if (r <= 0) break;
-    text.append(buf, static_cast<size_t>(r));
-  }
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.empty() || text[0] == '!')
-    throw std::runtime_error("simulation child failed: " + (text.empty() ? std::string("no output") : text.substr(1)));
+  const std::string text =
+      run_in_child([&] { return result_json_text(simulate_step(exp, opts)); }, "simulate_step_isolated");
   return result_from_json_text(text);
 }
 

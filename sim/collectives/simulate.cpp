@@ -3,8 +3,6 @@
 #include <simgrid/s4u.hpp>
 #include <xbt/log.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +11,7 @@
 #include <stdexcept>
 
 #include "models/errors.hpp"
+#include "sim/child_process.hpp"
 #include "sim/collective_exec.hpp"
 #include "sim/collectives/registry.hpp"
 #include "sim/collectives/tuner.hpp"
@@ -88,48 +87,15 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
 std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& cluster,
                                                             const std::vector<CollectiveRun>& runs, bool fold) {
   (void)prepare(cluster, runs);  // input errors surface in this process
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("simulate_collectives_isolated: pipe() failed");
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("simulate_collectives_isolated: fork() failed");
-  if (pid == 0) {
-    close(fds[0]);
-    int code = 0;
-    std::ostringstream text;
-    text.precision(17);
-    try {
-      for (const auto& t : simulate_collectives(cluster, runs, fold))
-        text << t.time_s << ' ' << t.closed_form_s << ' ' << t.algorithm << ' ' << static_cast<int>(t.protocol) << '\n';
-    } catch (const std::exception& ex) {
-      text.str("");
-      text << '!' << ex.what();
-      code = 1;
-    }
-    const std::string s = text.str();
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t w = write(fds[1], s.data() + off, s.size() - off);
-      if (w <= 0) break;
-      off += static_cast<size_t>(w);
-    }
-    close(fds[1]);
-    _exit(code);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t r = read(fds[0], buf, sizeof buf);
-    if (r <= 0) break;
-    text.append(buf, static_cast<size_t>(r));
-  }
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || (!text.empty() && text[0] == '!'))
-    throw std::runtime_error("collective simulation child failed: " +
-                             (text.empty() ? std::string("no output") : text.substr(1)));
+  const std::string text = run_in_child(
+      [&] {
+        std::ostringstream os;
+        os.precision(17);
+        for (const auto& t : simulate_collectives(cluster, runs, fold))
+          os << t.time_s << ' ' << t.closed_form_s << ' ' << t.algorithm << ' ' << static_cast<int>(t.protocol) << '\n';
+        return os.str();
+      },
+      "collective simulation");
   std::vector<CollectiveTiming> out;
   std::istringstream in(text);
   CollectiveTiming t;

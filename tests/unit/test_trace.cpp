@@ -64,8 +64,12 @@ TEST_F(TraceRun, FollowsTheTraceEventFormat) {
     EXPECT_GE(ts, 0.0);
     EXPECT_GE(dur, 0.0);
     ASSERT_TRUE(ev.contains("args"));
-    if (ev["cat"] == "compute") EXPECT_TRUE(ev["args"].contains("bytes"));
-    if (ev["cat"] == "TP" || ev["cat"] == "DP") EXPECT_TRUE(ev["args"].contains("group"));
+    if (ev["cat"] == "compute") {
+      EXPECT_TRUE(ev["args"].contains("bytes"));
+    }
+    if (ev["cat"] == "TP" || ev["cat"] == "DP") {
+      EXPECT_TRUE(ev["args"].contains("group"));
+    }
     rows[{ev["pid"].get<int64_t>(), ev["tid"].get<int>()}].push_back({ts, ts + dur});
     last_end = std::max(last_end, ts + dur);
   }
