@@ -663,10 +663,27 @@ class Builder {
                  GroupKind::EMB, static_cast<double>(m_.vocab * m_.hidden) / t_ * shape_.grad_bytes_per_param);
     if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "embedding_grad_allreduce")
       sp_.ops.back().reduce = ReduceOp::sum;  // two copies' partial gradients of one weight
+    // Sequence parallel: parameters replicated over TP but applied to sequence shards
+    // (norm weights and biases, row-parallel biases) hold TP partial gradients, summed
+    // over TP after the DP sync (Megatron-LM finalize_model_grads.py
+    // _allreduce_layernorm_grads). Found missing by dtsim verify.
+    if (sp_on_) {
+      double replicated = static_cast<double>(sp_.layers) *
+                          (2.0 * static_cast<double>(norm_parameters(m_)) + (has_linear_biases(m_) ? 2.0 * h_ : 0.0));
+      if (sp_.stage == l_.pp - 1) replicated += static_cast<double>(norm_parameters(m_));
+      collective("tp_sp_grad_allreduce", Phase::optimizer, -1, mb, CommKind::TP, Collective::AllReduce, GroupKind::TP,
+                 replicated * shape_.grad_bytes_per_param);
+    }
     // Optimizer: HBM-bound fused Adam over the parameters this rank owns.
     const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
+    // With the overlapped per-layer gathers, the stage's non-layer parameters (embedding,
+    // final norm, LM head) are gathered after the step (found missing by dtsim verify).
+    const double non_layer = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
+    if (param_gather_overlapped() && non_layer > 0)
+      collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
+                 GroupKind::DPxCP, non_layer * kAct);
     if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && !param_gather_overlapped())
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, sp_.params_per_rank * kAct);

@@ -82,10 +82,21 @@ TEST(Plan, SequenceParallelReplacesAllReduceByReduceScatterAndAllGather) {
   EXPECT_EQ(count(s0, OpType::collective, "tp_allgather"), 2 * 2 * 2 + 2 * 2 * 2 + 2 /*embedding bwd*/);
   EXPECT_EQ(count(s0, OpType::issue, "tp_allgather_input"), 2 * 2 * 2);
   for (const auto& op : s0.ops) {
+    if (std::string(op.name) == "tp_sp_grad_allreduce") continue;
     if (op.kind == CommKind::TP && (op.type == OpType::collective || op.type == OpType::issue)) {
       EXPECT_DOUBLE_EQ(op.size_bytes, kActBytes) << op.name;
     }
   }
+  // With SP, norm weights/biases and row-parallel biases see only a sequence shard: their
+  // TP partial gradients are SUMmed once per step (Megatron _allreduce_layernorm_grads):
+  // 2 layers x (2 layernorms x 2h + 2 row-parallel biases x h) fp32 gradients.
+  ASSERT_EQ(count(s0, OpType::collective, "tp_sp_grad_allreduce"), 1);
+  for (const auto& op : s0.ops)
+    if (std::string(op.name) == "tp_sp_grad_allreduce") {
+      EXPECT_EQ(op.reduce, ReduceOp::sum);
+      EXPECT_EQ(op.phase, Phase::optimizer);
+      EXPECT_DOUBLE_EQ(op.size_bytes, 2.0 * (2 * 2 * 256 + 2 * 256) * 4.0);
+    }
 }
 
 TEST(Plan, PipelineSendsEveryMicroBatchBothWays) {
