@@ -139,7 +139,9 @@ struct Training {
   /// step's forward (Megatron --overlap-param-gather) instead of exposed after the step.
   bool overlap_param_gather = false;
   /// TP communication overlapped with the GEMMs (Transformer Engine userbuffers,
-  /// Megatron --tp-comm-overlap); off: TP collectives sit on the critical path.
+  /// Megatron --tp-comm-overlap). Not modelled yet: true is rejected with an error, so
+  /// TP collectives sit on the critical path (the backward input-gradient reductions
+  /// already overlap the weight-gradient GEMMs, as Megatron does without userbuffers).
   bool tp_comm_overlap = false;
   /// Reduce gradients on every micro-batch (DeepSpeed ZeRO-2/3 behaviour) instead of on
   /// the last one only (Megatron DDP / distributed optimizer).

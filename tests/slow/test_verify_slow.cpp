@@ -21,6 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// Steps an injected bug needs to show: one, except skipped ZeRO-1/2 parameter gathers,
+/// whose stale shards are only used by the next step's forward.
+int steps_to_show(Injection inj) { return inj == Injection::zero_skip_param_gather ? 2 : 1; }
+
 constexpr int64_t kUnitSuiteMaxWorld = 512;  // as tests/unit/test_verify.cpp
 
 TEST(VerifyShippedLarge, PassAfterGapsAndFailEveryBug) {
@@ -44,7 +48,7 @@ TEST(VerifyShippedLarge, PassAfterGapsAndFailEveryBug) {
     EXPECT_TRUE(verify_plan(plan, {.steps = 2}).passed()) << p;
     for (Injection inj : all_injections()) {
       if (!injection_inapplicable(inj, s).empty()) continue;
-      EXPECT_FALSE(verify_plan(plan, {.steps = 2, .inject = inj}).passed()) << p << " " << to_string(inj);
+      EXPECT_FALSE(verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj}).passed()) << p << " " << to_string(inj);
     }
   }
 }
