@@ -11,7 +11,16 @@
 
 namespace dtsim {
 
-double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attention_work) {
+double gemm_wave_fill(const calib::GemmShape& g, int64_t sm_count) {
+  if (sm_count <= 0 || g.m <= 0 || g.n <= 0 || g.k <= 0) return 1.0;
+  const double useful = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  double best = 0;
+  for (const auto& tile : kFullRateTiles)
+    best = std::max(best, useful / calib::quantised_gemm_flops(g, tile[0], tile[1], sm_count));
+  return best;
+}
+
+double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attention_work, double gemm_fill) {
   const double launch = gpu.kernel_overhead * std::max<int32_t>(op.kernels, 0);
   const double mem_bw = gpu.hbm_bandwidth * gpu.memory_efficiency;
   const double mem_t = mem_bw > 0 ? op.bytes / mem_bw : 0.0;
@@ -24,7 +33,8 @@ double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attent
       const double eff = op.kernel == KernelKind::attention && gpu.attention_efficiency > 0 ? gpu.attention_efficiency
                                                                                            : gpu.gemm_efficiency;
       const double peak = (fp8 ? gpu.peak_fp8_flops : gpu.peak_bf16_flops) * eff;
-      const double work = op.kernel == KernelKind::attention ? op.flops * attention_work : op.flops;
+      const double work = op.kernel == KernelKind::attention ? op.flops * attention_work
+                                                             : op.flops / std::clamp(gemm_fill, 1e-6, 1.0);
       const double flop_t = peak > 0 ? work / peak : 0.0;
       return std::max(flop_t, mem_t) + launch;
     }
@@ -60,15 +70,17 @@ const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
 
 ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work) {
   const GpuSpec& gpu = exp.cluster.gpu;
-  const ComputeTime roof{compute_time(op, gpu, exp.training.dtype, attention_work), calib::TimeSource::roofline};
+  const auto k = op.kernel == KernelKind::gemm || experiment_profile(exp) ? calib::kernel_for_op(op, exp)
+                                                                          : std::nullopt;
+  const double fill = k && k->spec.kind == calib::KernelClass::gemm ? gemm_wave_fill(k->spec.gemm, gpu.sm_count) : 1.0;
+  const ComputeTime roof{compute_time(op, gpu, exp.training.dtype, attention_work, fill),
+                         calib::TimeSource::roofline};
   const calib::ComputeProfile* prof = experiment_profile(exp);
-  if (!prof) return roof;
-  const auto k = calib::kernel_for_op(op, exp);
-  if (!k) return roof;
+  if (!prof || !k) return roof;
   const auto t = prof->lookup(k->spec);
   if (!t) return roof;
   double seconds = t->seconds * k->count;
-  // A multi-launch op timed as one kernel (cross_entropy: 3) pays the other launches.
+  // A multi-launch op timed as one kernel (cross_entropy: 6) pays the other launches.
   if (k->count == 1 && op.kernels > 1) seconds += gpu.kernel_overhead * (op.kernels - 1);
   return {seconds, t->source};
 }

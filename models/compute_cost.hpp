@@ -1,7 +1,9 @@
 #pragma once
 // Roofline compute cost model (the default when no calibration profile is given).
 //
-//   gemm:      t = max(F / (peak * gemm_efficiency), B / (hbm_bw * memory_efficiency)) + launch
+//   gemm:      t = max(F / (peak * gemm_efficiency * fill), B / (hbm_bw * memory_efficiency)) + launch
+//              fill = the GEMM's wave fill (gemm_wave_fill below; 1 when the shape or the
+//              GPU's SM count is unknown)
 //   attention: as gemm at the GPU's attention_efficiency (fused attention kernels reach
 //              less of the peak than GEMMs), on the FLOPs the kernel really executes
 //   memory:    t = B / (hbm_bw * memory_efficiency) + launch
@@ -44,10 +46,30 @@ inline constexpr double kFlashCausalWork = 0.5;
 /// FlashAttention backward work relative to forward (see above).
 inline constexpr double kFlashBackwardWork = 2.5;
 
+/// Thread-block tiles (M x N outputs) of the cuBLAS kernels that reach the full GEMM rate:
+/// the two largest tile shapes, 256 x 128 and 128 x 256, one resident block per SM (NVIDIA
+/// Deep Learning Performance Guide, "Matrix Multiplication Background User's Guide",
+/// sections "Tile Quantization" and "Wave Quantization": "the 256x128 tile ... the most
+/// efficient"; an A100 with 108 SMs runs 108 such tiles per wave). Smaller tiles exist but
+/// reuse less data per load, so they are not assumed to run at the same rate.
+inline constexpr int64_t kFullRateTiles[2][2] = {{256, 128}, {128, 256}};
+
+/// Wave fill of an M x N x K GEMM on a GPU with `sm_count` SMs: the useful fraction of the
+/// work the GPU really does, 2MNK / (2 * waves * sm_count * tile_m * tile_n * K) with
+/// tiles = ceil(M/tile_m) * ceil(N/tile_n) and waves = ceil(tiles / sm_count)
+/// (calib::quantised_gemm_flops), for the better of the kFullRateTiles; dimensionless, in
+/// (0, 1]. A partial tile or a partial last wave costs a full one (same guide, same
+/// sections). Example: 8192 x 3072 x 6144 on 108 SMs: 768 tiles = 7.1 waves run as 8,
+/// fill 0.889. 1 when sm_count <= 0 or a dimension is not positive.
+double gemm_wave_fill(const calib::GemmShape& g, int64_t sm_count);
+
 /// Seconds for one compute op on `gpu`, GEMMs in `dtype`. Uses op.kernel, op.flops
 /// (convention FLOPs; attention work factors applied here), op.bytes, op.kernels.
 /// `attention_work` multiplies attention FLOPs (kFlashCausalWork etc.; 1 for GEMMs).
-double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attention_work = 1.0);
+/// `gemm_fill` (gemm_wave_fill of the op's shape, (0, 1]) divides the GEMM rate of
+/// KernelKind::gemm ops; 1 = full waves (the shape-free roofline).
+double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attention_work = 1.0,
+                    double gemm_fill = 1.0);
 
 /// An op's time and where it came from (roofline, or the calibration profile: exact shape,
 /// interpolated, fitted model; models/calibration/profile.hpp).
@@ -57,7 +79,9 @@ struct ComputeTime {
 };
 
 /// Seconds for one compute op of `exp`'s plan. Without `cluster.gpu.profile` this is the
-/// roofline above (compute_time(op, gpu, dtype, attention_work)), source roofline. With a
+/// roofline above (compute_time(op, gpu, dtype, attention_work, fill)), source roofline,
+/// where fill is gemm_wave_fill of the op's GEMM shape (calib::kernel_for_op) on the GPU's
+/// SMs for GEMM ops, else 1. With a
 /// profile: the op's kernel shape (models/calibration/plan_kernels.hpp) is looked up in the
 /// profile (exact, else interpolated, else fitted), times the op's kernel count; extra
 /// launches of a multi-kernel op add gpu.kernel_overhead each; when the profile cannot

@@ -45,7 +45,9 @@ struct GpuSpec {
   double peak_fp8_flops = 0;   // dense FLOP/s; 0 when the GPU has no FP8 tensor cores
   double hbm_bytes = 0;        // capacity, bytes
   double hbm_bandwidth = 0;    // B/s
-  /// Fraction of peak that large dense GEMMs reach (cuBLAS); dimensionless, (0,1].
+  /// Fraction of peak that dense GEMMs reach (cuBLAS) on full tiles and full waves;
+  /// dimensionless, (0,1]. Each GEMM's own wave fill (models/compute_cost.hpp
+  /// gemm_wave_fill, needs sm_count) lowers it further for shapes that leave SMs idle.
   double gemm_efficiency = 0;
   /// Fraction of the bf16 peak that fused (Flash) attention kernels reach on the FLOPs
   /// they execute; 0 = use gemm_efficiency. Unfused attention runs as GEMMs.
@@ -139,9 +141,13 @@ struct Training {
   /// step's forward (Megatron --overlap-param-gather) instead of exposed after the step.
   bool overlap_param_gather = false;
   /// TP communication overlapped with the GEMMs (Transformer Engine userbuffers,
-  /// Megatron --tp-comm-overlap). Not modelled yet: true is rejected with an error, so
-  /// TP collectives sit on the critical path (the backward input-gradient reductions
-  /// already overlap the weight-gradient GEMMs, as Megatron does without userbuffers).
+  /// Megatron --tp-comm-overlap; needs sequence parallelism when tp > 1). The
+  /// sequence-parallel AllGathers before QKV / MLP-up (forward) and before the out-proj /
+  /// MLP-down input-gradient GEMMs (backward) are pipelined with those GEMMs, and the
+  /// forward ReduceScatters after out-proj / MLP-down with theirs (Op::overlap_splits in
+  /// models/plan.hpp). false: TP collectives sit on the critical path (the backward
+  /// input-gradient reductions overlap the weight-gradient GEMMs either way, as Megatron
+  /// does without userbuffers).
   bool tp_comm_overlap = false;
   /// Reduce gradients on every micro-batch (DeepSpeed ZeRO-2/3 behaviour) instead of on
   /// the last one only (Megatron DDP / distributed optimizer).

@@ -965,9 +965,11 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
           s(l.pp) + " (Megatron-LM interleaved schedule requirement)");
   if (ok({"layout.schedule", "layout.pp"}) && l.schedule == Schedule::interleaved && l.pp < 2)
     p.add("layout.schedule=interleaved needs layout.pp >= 2 (got pp=" + s(l.pp) + ")");
-  if (ok({"training.tp_comm_overlap"}) && t.tp_comm_overlap)
-    p.add("training.tp_comm_overlap=true is not modelled yet (TP collectives stay on the critical path); "
-          "set it to false");
+  if (ok({"training.tp_comm_overlap", "layout.sequence_parallel", "layout.tp"}) && t.tp_comm_overlap &&
+      l.tp > 1 && !l.sequence_parallel)
+    p.add("training.tp_comm_overlap=true needs layout.sequence_parallel=true with layout.tp=" + s(l.tp) +
+          " (Transformer Engine overlaps the sequence-parallel AllGather/ReduceScatter; Megatron-LM asserts "
+          "--sequence-parallel with --tp-comm-overlap)");
   if (ok({"training.grad_bucket"}) && t.grad_bucket_bytes < 0)
     p.add("training.grad_bucket must not be negative");
   if (ok({"layout.cp", "training.seq_len"}) && l.cp > 0 && t.seq_len > 0 && !divides(l.cp, t.seq_len))

@@ -82,10 +82,22 @@ constexpr double kUnfusedScoreBytes = 13.0;
 // Fused Adam (apex/Megatron multi-tensor): read fp32 grad (4), read+write fp32 master,
 // m and v (24), write bf16 param (2) = 30 bytes per parameter.
 constexpr double kAdamBytesPerParam = 30.0;
-// Vocab-parallel cross entropy: forward reads bf16 logits (2), writes and re-reads fp32
-// (4 + 4); backward reads fp32 softmax (4) and writes the bf16 gradient (2).
-constexpr double kCrossEntropyFwdBytes = 10.0;
-constexpr double kCrossEntropyBwdBytes = 6.0;
+// Vocab-parallel cross entropy, bytes per logit element as Megatron's unfused
+// implementation moves them (megatron/core/tensor_parallel/cross_entropy.py, called on
+// logits.float(); the same kernels as Megatron-LM 2021's mpu/cross_entropy.py). Forward,
+// 6 kernels over the V/t logits of every token: the cast to fp32 (read 2 + write 4), max
+// (read 4), in-place subtract (4 + 4), in-place exp (4 + 4), sum (4), in-place divide to
+// the softmax kept for backward (4 + 4) = 38. Backward, 2 kernels: multiply by the
+// output gradient in place (4 + 4), cast back to bf16 for the LM head (4 + 2) = 14. The
+// per-token gathers and masks are ignored.
+constexpr double kCrossEntropyFwdBytes = 38.0;
+constexpr int32_t kCrossEntropyFwdKernels = 6;
+constexpr double kCrossEntropyBwdBytes = 14.0;
+constexpr int32_t kCrossEntropyBwdKernels = 2;
+// Chunks of Transformer Engine's "pipeline" GEMM + ReduceScatter overlap (num_splits 4 in
+// TE's userbuffers default configuration, transformer_engine/pytorch/module/base.py
+// initialize_ub; ring_exchange uses num_splits = TP). Op::overlap_splits.
+constexpr int32_t kTeReduceScatterSplits = 4;
 // Megatron-Core DistributedDataParallelConfig: bucket_size = max(40,000,000,
 // 1,000,000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
 constexpr double kMegatronBucketMinParams = 40e6;
@@ -234,15 +246,28 @@ class Builder {
     const double bytes = norm_tokens_ * h_ * (3 * kAct + 1);
     compute(name, ph, layer, mb, KernelKind::memory, 0, ph == Phase::backward ? bytes * kElementwiseBwd : bytes);
   }
-  void tp_enter(Phase ph, int layer, int mb, const char* name) {
+  /// `te_overlap`: the GEMM that follows is a Transformer Engine linear layer (userbuffers
+  /// overlap applies); the LM head is Megatron's own ColumnParallelLinear (no overlap).
+  void tp_enter(Phase ph, int layer, int mb, const char* name, bool te_overlap = true) {
     // Forward: SP AllGathers the sequence-sharded norm output (g). No SP: identity.
-    if (sp_on_)
+    if (sp_on_) {
       collective(name, ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * b_ * s_ * h_);
+      if (te_overlap) overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "qkv_fprop"/"fc1_fprop"
+    }
   }
   void tp_exit(Phase ph, int layer, int mb, const char* name) {
     // Forward: SUM of the row-parallel partial outputs (AllReduce, or ReduceScatter with SP).
     collective(name, ph, layer, mb, CommKind::TP, sp_on_ ? Collective::ReduceScatter : Collective::AllReduce,
                GroupKind::TP, kAct * b_ * s_ * h_);
+    if (sp_on_) overlap_with_gemm(kTeReduceScatterSplits);  // TE "proj_fprop"/"fc2_fprop": pipeline
+  }
+  /// Marks the TP collective just appended as pipelined with its GEMM (Op::overlap_splits)
+  /// when training.tp_comm_overlap is on (validation requires sequence parallelism).
+  void overlap_with_gemm(int32_t splits) {
+    if (!e_.training.tp_comm_overlap || sp_.ops.empty()) return;
+    Op& op = sp_.ops.back();
+    op.overlap_splits = splits;
+    op.handle = sp_.handles++;
   }
 
   void attention_core_forward(Phase ph, int layer, int mb) {
@@ -366,8 +391,10 @@ class Builder {
     const Phase ph = Phase::backward;
     const double tok = b_ * s_;
     dropout_residual("dropout_residual_bwd", ph, layer, mb);
-    if (sp_on_)  // backward of the forward ReduceScatter
+    if (sp_on_) {  // backward of the forward ReduceScatter
       collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
+      overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "fc2_dgrad": ring_exchange
+    }
     gemm("mlp_down_dgrad", ph, layer, mb, fwd_.mlp_down / t_, tok, f_ / t_, h_);
     gemm("mlp_down_wgrad", ph, layer, mb, fwd_.mlp_down / t_, f_ / t_, h_, tok);
     if (m_.activation == Activation::swiglu)
@@ -381,8 +408,10 @@ class Builder {
         [&] { gemm("mlp_up_wgrad", ph, layer, mb, up_flops, h_, up_n, tok); });
     norm("post_attention_norm_bwd", ph, layer, mb);
     dropout_residual("dropout_residual_bwd", ph, layer, mb);
-    if (sp_on_)
+    if (sp_on_) {
       collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
+      overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "proj_dgrad": ring_exchange
+    }
     gemm("out_proj_dgrad", ph, layer, mb, fwd_.out_proj / t_, tok, h_ / t_, h_);
     gemm("out_proj_wgrad", ph, layer, mb, fwd_.out_proj / t_, h_ / t_, h_, tok);
     attention_core_backward(layer, mb);
@@ -415,10 +444,11 @@ class Builder {
   void head_forward(int mb) {
     const double tok = b_ * s_;
     norm("final_norm", Phase::forward, -1, mb);
-    tp_enter(Phase::forward, -1, mb, "tp_allgather");
+    tp_enter(Phase::forward, -1, mb, "tp_allgather", false);
     gemm("lm_head", Phase::forward, -1, mb, lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_,
          tok, V_ / t_, h_);
-    compute("cross_entropy", Phase::forward, -1, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * V_ / t_, 3);
+    compute("cross_entropy", Phase::forward, -1, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * V_ / t_,
+            kCrossEntropyFwdKernels);
     // Vocab-parallel cross entropy (Megatron-LM tensor_parallel/cross_entropy.py): the
     // logits' maximum (MAX), then the target logit and the sum of exponentials (SUM),
     // fp32 per token.
@@ -430,7 +460,8 @@ class Builder {
   }
   void head_backward(int mb) {
     const double tok = b_ * s_;
-    compute("cross_entropy_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, kCrossEntropyBwdBytes * tok * V_ / t_);
+    compute("cross_entropy_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, kCrossEntropyBwdBytes * tok * V_ / t_,
+            kCrossEntropyBwdKernels);
     const double fl = lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_;
     column_parallel_backward(
         -1, mb, [&] { gemm("lm_head_dgrad", Phase::backward, -1, mb, fl, tok, h_, V_ / t_); },
@@ -445,7 +476,7 @@ class Builder {
   }
   /// Called after the weight gradients of `params` elements are complete.
   void grads_ready(double params, int layer, int mb, bool sync) {
-    if (!dp_active()) return;
+    if (!dp_active() || params <= 0) return;
     if (l_.zero_stage == 3) {
       // ZeRO-3: gradients are sharded, so each micro-batch reduce-scatters its layer's
       // grads to their owners (DeepSpeed stage 3 / FSDP).
@@ -467,6 +498,45 @@ class Builder {
     dp_handles_.push_back(issue(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward,
                                 layer, mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size));
     pending_params_ = 0;
+  }
+  /// Tied word embedding with pp > 1 and sharded gradients (ZeRO >= 1): the first stage's
+  /// embedding and the last stage's copy each get a DP gradient bucket of their own, so
+  /// that both stages' ReduceScatters give every element the same owner and the
+  /// embedding_grad_allreduce after the DP sync (Megatron-Core finalize_model_grads:
+  /// finish_grad_sync, then _allreduce_embedding_grads) adds matching shards
+  /// (Megatron-Core param_and_grad_buffer.py _does_param_require_new_bucket: "ensures that
+  /// the first and last pipeline stage partition optimizer state for the shared embedding
+  /// parameters the same way across DP replicas"). Found missing by dtsim verify.
+  bool word_embedding_own_bucket() const {
+    return m_.tied_embeddings && l_.pp > 1 && l_.zero_stage >= 1 && dp_active() &&
+           (sp_.stage == 0 || sp_.stage == l_.pp - 1);
+  }
+  /// The non-layer gradients of `params` elements are complete: the first stage's
+  /// embedding (`first`) or the last stage's head. Megatron-Core fills buckets in reverse
+  /// parameter order: on the first stage the position embedding closes the open bucket and
+  /// the word embedding follows alone; on the last stage the word embedding's copy comes
+  /// alone and the final norm opens the next bucket.
+  void edge_grads_ready(double params, int mb, bool sync, bool first) {
+    if (!word_embedding_own_bucket()) {
+      grads_ready(params, -1, mb, sync);
+      return;
+    }
+    const double word = static_cast<double>(m_.vocab * m_.hidden) / t_;
+    if (first) grads_ready(params - word, -1, mb, sync);
+    const double size = word * shape_.grad_bytes_per_param;
+    if (l_.zero_stage != 3) {
+      if (!sync) return;
+      if (!e_.training.overlap_grad_reduce) {
+        pending_word_ = size;  // sent after the others at the end of the step (flush_pending)
+        if (!first) grads_ready(params - word, -1, mb, sync);
+        return;
+      }
+      flush_bucket(-1, mb);  // the open bucket closes where the embedding's own begins
+    }
+    dp_handles_.push_back(issue("dp_grad_reducescatter", Phase::backward, -1, mb, CommKind::DP,
+                                Collective::ReduceScatter, GroupKind::DPxCP, size));
+    sp_.ops.back().grad_bucket = GradBucket::tied_embedding;
+    if (!first) grads_ready(params - word, -1, mb, sync);
   }
   /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle.
   int zero3_gather(int layer, int mb, Phase ph) {
@@ -531,7 +601,7 @@ class Builder {
     if (!ch.last) p2p(OpType::recv, Direction::backward, mb, c, next_rank());
     if (ch.last) {
       head_backward(mb);
-      grads_ready(head_params_rank(), -1, mb, sync);
+      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
     }
     int next = ch.layers > 0 ? zero3_gather(static_cast<int>(ch.first_layer + ch.layers - 1), mb, Phase::backward) : -1;
     for (int64_t i = ch.layers - 1; i >= 0; --i) {
@@ -546,7 +616,7 @@ class Builder {
     }
     if (ch.first) {
       embedding_backward(mb);
-      grads_ready(embedding_params_rank(), -1, mb, sync);
+      edge_grads_ready(embedding_params_rank(), mb, sync, /*first=*/true);
     }
     // Reducing every micro-batch (DeepSpeed): this micro-batch's gradients leave now, in
     // whatever bucket is still open, so buckets never mix micro-batches.
@@ -557,14 +627,22 @@ class Builder {
 
   /// Sends the open bucket: asynchronously with overlap_grad_reduce, else blocking.
   void flush_pending(int layer, int mb) {
-    if (pending_params_ <= 0 || !dp_active()) return;
-    if (e_.training.overlap_grad_reduce) {
-      flush_bucket(layer, mb);
-      return;
+    if (!dp_active()) return;
+    if (pending_params_ > 0) {
+      if (e_.training.overlap_grad_reduce) {
+        flush_bucket(layer, mb);
+      } else {
+        collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, layer, mb,
+                   CommKind::DP, grad_collective(), GroupKind::DPxCP, pending_params_ * shape_.grad_bytes_per_param);
+        pending_params_ = 0;
+      }
     }
-    collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, layer, mb,
-               CommKind::DP, grad_collective(), GroupKind::DPxCP, pending_params_ * shape_.grad_bytes_per_param);
-    pending_params_ = 0;
+    if (pending_word_ > 0) {  // the tied word embedding's own bucket (edge_grads_ready)
+      collective("dp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP, Collective::ReduceScatter,
+                 GroupKind::DPxCP, pending_word_);
+      sp_.ops.back().grad_bucket = GradBucket::tied_embedding;
+      pending_word_ = 0;
+    }
   }
 
   /// Parameter gathers needed before a layer's forward: ZeRO-3 every micro-batch; with
@@ -703,6 +781,7 @@ class Builder {
   double layer_params_rank_ = 0;
   double attn_fwd_work_ = 1, attn_bwd_work_ = 1;
   double pending_params_ = 0;
+  double pending_word_ = 0;  // bytes of the tied word embedding's own bucket, not sent yet
   std::vector<int> dp_handles_;
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
   int cur_chunk_ = 0;       // model chunk being emitted

@@ -64,6 +64,16 @@ enum class Direction { forward, backward };
 /// What kind of kernel a compute op is; the cost model times each kind differently.
 enum class KernelKind { gemm, attention, memory, optimizer };
 
+/// Which gradients a DP gradient collective (dp_grad_allreduce / dp_grad_reducescatter)
+/// carries. `ready`: the stage's gradients that are complete and not reduced yet (buckets
+/// fill in backward order), except a parameter that has a bucket of its own;
+/// `tied_embedding`: only the tied word embedding (first stage) or the last stage's copy
+/// of it. With sharded gradients (ZeRO >= 1) Megatron-Core gives the shared embedding a
+/// bucket of its own so that both stages shard it alike and embedding_grad_allreduce can
+/// follow the ReduceScatter (megatron/core/distributed/param_and_grad_buffer.py,
+/// _does_param_require_new_bucket).
+enum class GradBucket : uint8_t { ready, tied_embedding };
+
 struct Op {
   OpType type = OpType::compute;
   const char* name = "";  // static string: "qkv", "tp_allreduce", ...
@@ -89,6 +99,23 @@ struct Op {
   /// message size.
   double size_bytes = 0;
   int32_t handle = -1;    // issue/wait pairing, unique within a stage
+  GradBucket grad_bucket = GradBucket::ready;  // DP gradient collectives: what they carry
+  /// TP communication overlap (training.tp_comm_overlap: Transformer Engine userbuffers,
+  /// Megatron-Core --tp-comm-overlap; TE pytorch/module/base.py initialize_ub defaults). 0 =
+  /// none. Otherwise this blocking TP collective carries a handle and is pipelined with
+  /// its neighbouring GEMM in `overlap_splits` chunks; the numbers the ops compute do not
+  /// change, only when they run:
+  ///  - AllGather ("ring_exchange", splits = TP): the NEXT op (a GEMM) multiplies the local
+  ///    chunk while the others arrive by peer-to-peer copies (copy engines: no SMs taken).
+  ///    Engines: issue the AllGather, run (n-1)/n of the GEMM, wait, run the last 1/n, i.e.
+  ///    t = g + max((n-1) g, C) with g = G/n: the closed form of the n-chunk pipeline.
+  ///  - ReduceScatter ("pipeline", splits = 4): the PREVIOUS op (a GEMM) runs in chunks and
+  ///    each chunk's output is reduce-scattered while the next chunk computes (SM-based
+  ///    kernels: the comm_interference slowdown applies). Engines: run G/m, issue a
+  ///    ReduceScatter of (m-1)/m of the buffer, run (m-1)/m of the GEMM, wait, then a
+  ///    blocking ReduceScatter of the last 1/m (m-1 chunk collectives counted as one:
+  ///    their latency once).
+  int32_t overlap_splits = 0;
 
   Direction dir = Direction::forward;  // send/recv
   int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end

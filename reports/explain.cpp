@@ -83,6 +83,9 @@ std::string calls_text(const std::vector<int64_t>& calls) {
 }
 
 const char* dimension_of(const Op& op, const Layout& l) {
+  // The tied word embedding's gradient AllReduce between the first and the last pipeline
+  // stage exists because PP splits the tied embedding: it belongs to PP, not to DP.
+  if (op.group == GroupKind::EMB) return "PP";
   switch (op.kind) {
     case CommKind::TP: return "TP";
     case CommKind::CP: return "CP";
@@ -173,9 +176,9 @@ std::string collective_text(const ExplainCommRow& r) {
   return to_string(r.collective);
 }
 
-std::string path_text(OpType t) {
-  switch (t) {
-    case OpType::collective: return "critical path";
+std::string path_text(const ExplainCommRow& r) {
+  switch (r.type) {
+    case OpType::collective: return r.overlap_splits > 0 ? "pipelined GEMM" : "critical path";
     case OpType::issue: return "overlaps (async)";
     case OpType::send:
     case OpType::recv: return "overlaps (P2P)";
@@ -297,7 +300,7 @@ std::vector<ExplainCommRow> explain_comm_rows(const StepPlan& plan) {
   const Layout& l = plan.exp.layout;
   const RankGrid grid(l);
   const size_t stages = static_cast<size_t>(l.pp);
-  using Key = std::tuple<std::string, std::string, int, int, int, int, int>;
+  using Key = std::tuple<std::string, std::string, int, int, int, int, int, int>;
   std::map<Key, size_t> index;
   std::vector<ExplainCommRow> rows;
   for (const StagePlan& sp : plan.stages) {
@@ -309,7 +312,8 @@ std::vector<ExplainCommRow> explain_comm_rows(const StepPlan& plan) {
       const bool p2p = op.type == OpType::send || op.type == OpType::recv;
       const std::string dim = dimension_of(op, l);
       const Key key{dim, op.name, static_cast<int>(op.phase), static_cast<int>(op.type),
-                    p2p ? -1 : static_cast<int>(op.collective), static_cast<int>(op.reduce), static_cast<int>(op.group)};
+                    p2p ? -1 : static_cast<int>(op.collective), static_cast<int>(op.reduce), static_cast<int>(op.group),
+                    op.overlap_splits};
       auto it = index.find(key);
       if (it == index.end()) {
         ExplainCommRow r;
@@ -320,6 +324,7 @@ std::vector<ExplainCommRow> explain_comm_rows(const StepPlan& plan) {
         r.collective = op.collective;
         r.reduce = op.reduce;
         r.group = op.group;
+        r.overlap_splits = op.overlap_splits;
         const int64_t first = first_rank_of_stage(grid, sp.stage);
         if (p2p) {
           const int64_t peer = first_rank_of_stage(grid, p2p_peer(op, sp.stage, l.pp));
@@ -469,7 +474,10 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
       for (int64_t c = 0; c < l.vp; ++c) stage0 += fmt::format("{}{}-{}", c ? ", " : "", c * l.pp * chunk, c * l.pp * chunk + chunk - 1);
       holds += fmt::format(" as {} chunks of {} (stage 0: layers {})", l.vp, chunk, stage0);
     }
-    if (l.pp > 1) holds += "; embedding on stage 0, LM head + loss on the last";
+    if (l.pp > 1)
+      holds += m.tied_embeddings ? "; embedding on stage 0, LM head + loss on the last, the tied word embedding on both "
+                                   "(its gradient summed between them)"
+                                 : "; embedding on stage 0, LM head + loss on the last";
     holds += fmt::format("; schedule {}", to_string(l.schedule));
     dim_block("PP", l.pp, "layers", holds, GroupKind::PP);
   }
@@ -496,10 +504,11 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                                                           : "<=" + format_bytes(r.sent_max);
       os << fmt::format("  {:<4} {:<21} {:<9} {:<13} {:<6} {:<26} {:>10} {:>10}  {:<16} {}\n", r.dimension, r.op,
                         short_phase(r.phase), collective_text(r), r.reduce == ReduceOp::none ? "-" : to_string(r.reduce),
-                        group_text(r), size, sent, path_text(r.type), calls_text(r.calls_per_stage));
+                        group_text(r), size, sent, path_text(r), calls_text(r.calls_per_stage));
     }
     os << "  critical path = a blocking collective the compute stream waits for; overlaps = issued asynchronously\n"
-          "  and joined later (it costs time only if still running at the join), or a P2P transfer.\n"
+          "  and joined later (it costs time only if still running at the join), or a P2P transfer; pipelined GEMM =\n"
+          "  split into chunks that run under the adjacent GEMM (training.tp_comm_overlap, Transformer Engine).\n"
           "  group (first) = the group of the first rank of the first stage running the op; P2P: sender rank -> receiver\n"
           "  rank (with interleaving the last stage feeds stage 0's next chunk). sent/call for a ring collective over n\n"
           "  ranks: AllReduce 2(n-1)/n x size, ReduceScatter and AllGather (n-1)/n x size (nccl-tests busbw factors).\n";
@@ -529,7 +538,9 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
         what = fmt::format("[{} {}{} over {} {}, {}, {}] {}", to_string(op.kind), coll,
                            op.reduce == ReduceOp::none ? "" : std::string(" ") + to_string(op.reduce), to_string(op.group),
                            format_rank_list(grid.group_of(first_rank_of_stage(grid, 0), op.group)), format_bytes(op.size_bytes),
-                           path_text(op.type), what);
+                           op.type == OpType::collective && op.overlap_splits > 0 ? "pipelined GEMM"
+                                                                                   : path_text(ExplainCommRow{.type = op.type}),
+                           what);
       }
       os << fmt::format("  {:<9} {:<22} {:>11}  {}\n", short_phase(op.phase), op.name, fl, what);
     }
@@ -551,19 +562,21 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
         if (r.group != GroupKind::DPxCP) dp_not_dpxcp += n;
       }
     }
+    const std::string scope =
+        l.pp > 1 ? fmt::format(" summed over the {} pipeline stages (one rank each)", l.pp) : std::string(" per rank");
     os << "\n4. Gradient rules, checked against the plan\n";
     os << "  loss    mean over valid tokens, L = (1/N_valid) sum_i l_i, with a GLOBAL denominator N_valid.\n";
     os << fmt::format("  TP      a rank's weight gradient dW_i = X^T dY_i belongs to its own shard: never reduced, never\n"
                       "          averaged over TP. TP reduces only partial outputs and input gradients, by SUM.\n"
-                      "          plan: {} TP ops per step, {} with AVG.\n",
-                      with_thousands(tp_ops), tp_avg);
+                      "          plan: {} TP ops per step{}, {} with AVG.\n",
+                      with_thousands(tp_ops), scope, tp_avg);
     if (n_dpcp > 1) {
       os << fmt::format("  DP      ranks holding the same weights (DP x CP = {}, group {}) AVG their gradients: the mean of\n"
                         "          equal-size local means equals the global mean. With unequal valid tokens per rank (padding),\n"
                         "          the exact rule is SUM of per-rank token-gradient sums / global N_valid, not the mean of\n"
                         "          per-rank means (e.g. token losses {{1,2,3}} and {{4}}: 10/4 = 2.5, not (2+4)/2 = 3).\n"
-                        "          plan: {} gradient reductions per step, {} with AVG, {} outside the DP x CP group.\n",
-                        n_dpcp, format_rank_list(grid.group_of(0, GroupKind::DPxCP)), with_thousands(dp_ops), dp_avg,
+                        "          plan: {} gradient reductions per step{}, {} with AVG, {} outside the DP x CP group.\n",
+                        n_dpcp, format_rank_list(grid.group_of(0, GroupKind::DPxCP)), with_thousands(dp_ops), scope, dp_avg,
                         dp_not_dpxcp);
     } else {
       os << "  DP      DP x CP = 1: one replica, no gradient reduction in this layout. (With DP > 1 gradients are AVG\n"

@@ -41,7 +41,10 @@ struct ExplainCommRow {
   std::vector<int64_t> calls_per_stage;
   /// Bytes one rank sends per step, by stage.
   std::vector<double> sent_per_stage;
-  bool critical_path() const { return type == OpType::collective; }
+  /// Op::overlap_splits: > 0 for a blocking TP collective pipelined with its GEMM
+  /// (training.tp_comm_overlap); it is then only partly on the critical path.
+  int32_t overlap_splits = 0;
+  bool critical_path() const { return type == OpType::collective && overlap_splits == 0; }
 };
 
 /// Every communication op of the plan, aggregated as above, in order of first appearance

@@ -182,7 +182,8 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
   std::array<Replay, 7> rp;
   for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
   bool seen_fwd = false, seen_bwd = false;
-  for (const Op& op : st.ops) {
+  for (size_t i = 0; i < st.ops.size(); ++i) {
+    const Op& op = st.ops[i];
     Where w;
     if (op.phase == Phase::optimizer) w = OPT;
     else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
@@ -192,6 +193,46 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     else w = EB;
     Replay& r = rp[w];
     const int k = static_cast<int>(op.kind);
+    auto busy_until = [&] {
+      double busy = 0;
+      for (double f : r.free) busy = std::max(busy, f);
+      return busy;
+    };
+    // TP communication overlap (Op::overlap_splits, models/plan.hpp), as the DES engine.
+    const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
+    if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather && next &&
+        next->type == OpType::compute) {
+      const double n = op.overlap_splits, g = next->time_s;
+      const double c = comm_time(op);
+      const double done = std::max(r.t, r.free[k]) + c;  // copy engines: no slowdown
+      r.seg.total[k] += c;
+      r.t += g * (n - 1) / n;
+      if (done > r.t) r.seg.exposed[k] += done - r.t, r.t = done;
+      r.t += g / n;
+      r.seg.compute += g;
+      ++i;
+      continue;
+    }
+    if (op.type == OpType::compute && next && next->type == OpType::collective && next->overlap_splits > 1 &&
+        next->collective == Collective::ReduceScatter) {
+      const double m = next->overlap_splits, g = op.time_s;
+      r.t = advance(r.t, g / m, busy_until(), speed);
+      Op part = *next;
+      part.size_bytes = next->size_bytes * (m - 1) / m;
+      const double c = comm_time(part);
+      r.free[k] = std::max(r.t, r.free[k]) + c;
+      r.seg.total[k] += c;
+      r.t = advance(r.t, g * (m - 1) / m, busy_until(), speed);
+      if (r.free[k] > r.t) r.seg.exposed[k] += r.free[k] - r.t, r.t = r.free[k];
+      part.size_bytes = next->size_bytes / m;
+      const double last = comm_time(part);
+      r.t += last;
+      r.seg.total[k] += last;
+      r.seg.exposed[k] += last;
+      r.seg.compute += g;
+      ++i;
+      continue;
+    }
     switch (op.type) {
       case OpType::compute: {
         if (w == OPT) {

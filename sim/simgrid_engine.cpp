@@ -68,6 +68,7 @@ struct RankState;
 struct QueuedOp {
   const Op* op;
   int64_t seq;
+  bool interferes = true;  // slows compute while it runs (SM-based kernels; not copy engines)
 };
 
 // Blocking uses semaphores, never Actor::suspend(): suspending an actor also suspends
@@ -96,6 +97,8 @@ struct RankState {
   std::array<Stream, kCommKinds> streams;
   std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
   std::vector<sg4::CommPtr> sends;  // P2P sends in flight or done (timed at the end)
+  std::deque<Op> split_ops;         // parts of pipelined TP collectives (stable addresses)
+  bool finished = false;            // the compute actor reached the end of its plan
   Stats stats;
 };
 
@@ -144,7 +147,8 @@ class Simulation {
   int64_t next_seq(RankState& rs, GroupKind kind, int64_t rank);
   void compute_actor(RankState& rs);
   void stream_actor(RankState& rs, int kind);
-  void issue(RankState& rs, const Op& op);
+  void issue(RankState& rs, const Op& op, bool interferes = true);
+  void blocking_collective(RankState& rs, const Op& op);
   void set_active(RankState& rs, int delta);
   void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
               const char* name = nullptr);
@@ -207,10 +211,10 @@ void Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const 
   for (auto& w : waiters) w->release();
 }
 
-void Simulation::issue(RankState& rs, const Op& op) {
+void Simulation::issue(RankState& rs, const Op& op, bool interferes) {
   const int k = static_cast<int>(op.kind);
   Stream& st = rs.streams[k];
-  st.queue.push_back({&op, next_seq(rs, op.group, rs.rank)});
+  st.queue.push_back({&op, next_seq(rs, op.group, rs.rank), interferes});
   rs.issued_at[op.handle] = sg4::Engine::get_clock();
   if (!st.actor) {
     st.queued = sg4::Semaphore::create(0);
@@ -229,9 +233,9 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     QueuedOp q = st.queue.front();
     st.queue.pop_front();
     const double t0 = sg4::Engine::get_clock();
-    set_active(rs, +1);
+    if (q.interferes) set_active(rs, +1);
     run_collective(rs, *q.op, q.seq, st.collective);
-    set_active(rs, -1);
+    if (q.interferes) set_active(rs, -1);
     record(rs, stream_of(q.op->kind), *q.op, to_string(q.op->kind), t0);
     auto& cs = rs.stats.comm[kind];
     cs.total_s += sg4::Engine::get_clock() - t0;
@@ -310,7 +314,9 @@ void Simulation::wait_handle(RankState& rs, const Op& op) {
 }
 
 sg4::Mailbox* Simulation::mailbox(int64_t rank, Direction dir) const {
-  return sg4::Mailbox::by_name((dir == Direction::forward ? "f" : "b") + std::to_string(rank));
+  std::string name(1, dir == Direction::forward ? 'f' : 'b');  // (char + string: no GCC 12 -Wrestrict false positive)
+  name += std::to_string(rank);
+  return sg4::Mailbox::by_name(name);
 }
 
 void Simulation::send(RankState& rs, const Op& op) {
@@ -383,6 +389,20 @@ void Simulation::recv(RankState& rs, const Op& op) {
   }
 }
 
+void Simulation::blocking_collective(RankState& rs, const Op& op) {
+  const int64_t seq = next_seq(rs, op.group, rs.rank);
+  const double t0 = sg4::Engine::get_clock();
+  run_collective(rs, op, seq, rs.collective);
+  record(rs, stream_of(op.kind), op, to_string(op.kind), t0);
+  const double dt = sg4::Engine::get_clock() - t0;
+  auto& cs = rs.stats.comm[static_cast<int>(op.kind)];
+  cs.total_s += dt;
+  cs.exposed_s += dt;
+  cs.bytes += ring_cost(op.collective, static_cast<int64_t>(grid_.group_of(rs.rank, op.group).size()),
+                        op.size_bytes).edge_bytes;
+  cs.operations++;
+}
+
 void Simulation::compute_actor(RankState& rs) {
   const auto& ops = rs.plan->ops;
   double pending = 0;  // consecutive compute time folded into one sleep
@@ -393,7 +413,53 @@ void Simulation::compute_actor(RankState& rs) {
     }
     pending = 0;
   };
-  for (const Op& op : ops) {
+  auto run_now = [&](double seconds) {
+    pending = seconds;
+    flush();
+  };
+  // TP communication overlap (Op::overlap_splits, models/plan.hpp).
+  auto is_gemm = [&](size_t j) { return j < ops.size() && ops[j].type == OpType::compute; };
+  auto ring_exchange = [&](const Op& ag, const Op& gemm) {  // AllGather, then its GEMM
+    flush();
+    const double t0 = sg4::Engine::get_clock();
+    const double n = ag.overlap_splits;
+    issue(rs, ag, /*interferes=*/false);  // peer-to-peer copies on copy engines
+    run_now(gemm.time_s * (n - 1) / n);
+    wait_handle(rs, ag);
+    run_now(gemm.time_s / n);
+    record(rs, TraceStream::compute, gemm, "compute", t0);
+    rs.stats.compute_s += gemm.time_s;
+  };
+  auto pipelined_reduce_scatter = [&](const Op& gemm, const Op& rs_op) {  // GEMM, then its ReduceScatter
+    flush();
+    const double t0 = sg4::Engine::get_clock();
+    const double m = rs_op.overlap_splits;
+    run_now(gemm.time_s / m);
+    Op& overlapped = rs.split_ops.emplace_back(rs_op);
+    overlapped.size_bytes = rs_op.size_bytes * (m - 1) / m;
+    issue(rs, overlapped);
+    run_now(gemm.time_s * (m - 1) / m);
+    wait_handle(rs, overlapped);
+    record(rs, TraceStream::compute, gemm, "compute", t0);
+    rs.stats.compute_s += gemm.time_s;
+    Op& last = rs.split_ops.emplace_back(rs_op);
+    last.size_bytes = rs_op.size_bytes / m;
+    blocking_collective(rs, last);
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather &&
+        is_gemm(i + 1)) {
+      ring_exchange(op, ops[i + 1]);
+      ++i;
+      continue;
+    }
+    if (op.type == OpType::compute && i + 1 < ops.size() && ops[i + 1].type == OpType::collective &&
+        ops[i + 1].overlap_splits > 1 && ops[i + 1].collective == Collective::ReduceScatter) {
+      pipelined_reduce_scatter(op, ops[i + 1]);
+      ++i;
+      continue;
+    }
     switch (op.type) {
       case OpType::compute:
         if (opts_.trace) {
@@ -408,21 +474,10 @@ void Simulation::compute_actor(RankState& rs) {
         rs.stats.compute_s += op.time_s;
         if (op.phase == Phase::optimizer) rs.stats.optimizer_s += op.time_s;
         break;
-      case OpType::collective: {
+      case OpType::collective:
         flush();
-        const int64_t seq = next_seq(rs, op.group, rs.rank);
-        const double t0 = sg4::Engine::get_clock();
-        run_collective(rs, op, seq, rs.collective);
-        record(rs, stream_of(op.kind), op, to_string(op.kind), t0);
-        const double dt = sg4::Engine::get_clock() - t0;
-        auto& cs = rs.stats.comm[static_cast<int>(op.kind)];
-        cs.total_s += dt;
-        cs.exposed_s += dt;
-        cs.bytes += ring_cost(op.collective, static_cast<int64_t>(grid_.group_of(rs.rank, op.group).size()),
-                              op.size_bytes).edge_bytes;
-        cs.operations++;
+        blocking_collective(rs, op);
         break;
-      }
       case OpType::issue:
         flush();
         issue(rs, op);
@@ -443,6 +498,7 @@ void Simulation::compute_actor(RankState& rs) {
   }
   flush();
   rs.stats.finish_s = sg4::Engine::get_clock();
+  rs.finished = true;
   // PP total: the time each send's bytes were moving (start to finish of the transfer).
   if (!rs.sends.empty()) {
     sg4::Comm::wait_all(rs.sends);
@@ -496,6 +552,13 @@ StepResult Simulation::run() {
     mailbox(rs.rank, Direction::backward)->set_receiver(rs.compute_actor);
   }
   engine.run();
+  // SimGrid returns when no activity can progress; a rank still inside its plan then
+  // waits forever (a plan whose sends, receives or collectives do not match): an engine
+  // or plan bug, never a result.
+  for (const auto& rs : ranks_)
+    if (!rs->finished)
+      throw std::logic_error("simulation deadlocked: rank " + std::to_string(rs->rank) + " (stage " +
+                             std::to_string(rs->stage) + ") never finished its step plan");
 
   // ---- collect ----
   const auto& e = plan_.exp;

@@ -56,7 +56,7 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
     }
     const Experiment e = load_experiment(file);
     const Published& pub = e.published;
-    if (!(pub.step_time_s > 0) && !(pub.tflops_per_gpu > 0)) {
+    if (!(pub.step_time_s > 0) && !(pub.tflops_per_gpu > 0) && !(pub.mfu > 0)) {
       rep.skipped.push_back(file);
       continue;
     }
@@ -71,10 +71,14 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
       row.metric = "step time (s)";
       row.published = pub.step_time_s;
       row.simulated = r.step_time_s;
-    } else {
+    } else if (pub.tflops_per_gpu > 0) {
       row.metric = pub.tflops_includes_recompute ? "TFLOP/s/GPU (hardware)" : "TFLOP/s/GPU (model)";
       row.published = pub.tflops_per_gpu;
       row.simulated = pub.tflops_includes_recompute ? r.hardware_tflops_per_gpu : r.tflops_per_gpu;
+    } else {  // only the MFU is published (model FLOPs / (step time x GPUs x peak))
+      row.metric = "MFU (%)";
+      row.published = 100 * pub.mfu;
+      row.simulated = 100 * r.mfu;
     }
     row.error_pct = 100.0 * (row.simulated - row.published) / row.published;
     row.published_mfu = pub.mfu;

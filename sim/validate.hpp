@@ -4,8 +4,9 @@
 //
 // One primary metric per experiment: the iteration time when the source gives one, else
 // TFLOP/s per GPU on the source's basis (model FLOPs, or hardware FLOPs counting the
-// recomputed forward, Narayanan 2021 Eq. 3). MFU is compared as well where published,
-// but only the primary metric enters the mean absolute percentage error (MAPE).
+// recomputed forward, Narayanan 2021 Eq. 3), else the MFU (in percent; its error is
+// relative, like the others). MFU is shown as well where published, but only the primary
+// metric enters the mean absolute percentage error (MAPE).
 #include <string>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace dtsim {
 struct ValidationRow {
   std::string file;
   std::string title;
-  std::string metric;      // "step time (s)" | "TFLOP/s per GPU (model)" | "... (hardware)"
+  std::string metric;      // "step time (s)" | "TFLOP/s/GPU (model)" | "... (hardware)" | "MFU (%)"
   double published = 0;
   double simulated = 0;
   double error_pct = 0;    // 100 (simulated - published) / published
@@ -28,7 +29,7 @@ struct ValidationRow {
 
 struct ValidationReport {
   std::vector<ValidationRow> rows;
-  std::vector<std::string> skipped;  // files without a published section
+  std::vector<std::string> skipped;  // files without a published figure
   double mape_pct = 0;               // mean |error_pct| over rows
   double worst_pct = 0;              // max |error_pct|
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 
 namespace dtsim {
@@ -24,6 +25,16 @@ constexpr double us = 1e-6;
 //   NVIDIA H100 SXM  794.5 of 989 TFLOP/s = 80.3%  (torch 2.7.0+cu126, shape 2048x2048x13312)
 //   NVIDIA GH200     828.6 of 989 TFLOP/s = 83.6%  (900 W, 141 GB HBM3e variant)
 // It is the best large-GEMM shape found by a sweep, i.e. an upper bound for real GEMMs.
+// GpuSpec::gemm_efficiency is the rate on full tiles and full waves (models/compute_cost.hpp
+// applies each GEMM's own wave fill), so the preset divides the measured fraction by the
+// wave fill of the shape it was measured on: A100 1024x10240x5120 on 108 SMs is 320 tiles
+// of 256x128 in 3 waves of 108 (fill 0.988); H100 2048x2048x13312 on 132 SMs is 128 tiles
+// in one wave of 132 (fill 0.970).
+double full_wave_efficiency(double measured, calib::GemmShape shape, int64_t sm_count) {
+  return measured / gemm_wave_fill(shape, sm_count);
+}
+const double kA100GemmEfficiency = full_wave_efficiency(0.869, {1024, 10240, 5120}, 108);   // 0.880
+const double kH100GemmEfficiency = full_wave_efficiency(0.803, {2048, 2048, 13312}, 132);  // 0.828
 //
 // kernel_overhead: raw cuLaunchKernel cost measured in meta-pytorch/tritonbench PR #1017
 // (2026-04-14, GB200): 3.0 us with 0 arguments, 3.3 us with 19 arguments; we take the
@@ -56,8 +67,8 @@ const std::vector<Entry>& registry() {
       g.hbm_bytes = 81920 * MiB;
       // 2039 GB/s HBM2e. hardware.csv row "A100 SXM4 80GB" (glennklockwood.com, datasheet).
       g.hbm_bandwidth = 2039 * GBps;
-      // 0.869 = 271.2 / 312, MAMF table (see top of file).
-      g.gemm_efficiency = 0.869;
+      // 0.869 = 271.2 / 312, MAMF table, on full waves 0.880 (see top of file).
+      g.gemm_efficiency = kA100GemmEfficiency;
       // 0.846 = 1724.8 / 2039: BabelStream 5.0 CUDA Triad 1724827 MB/s (Copy 1709 GB/s) on
       // "NVIDIA A100-SXM4-80GB" (Tursa, driver 12030), section "Example performance data"
       // of a UK benchmark-suite BabelStream README maintained by @aturner-epcc (a revision
@@ -83,8 +94,8 @@ const std::vector<Entry>& registry() {
       g.hbm_bytes = 81559 * MiB;
       // 3350 GB/s HBM3. hardware.csv same row (hpctech datasheet table, glennklockwood).
       g.hbm_bandwidth = 3350 * GBps;
-      // 0.803 = 794.5 / 989, MAMF table (see top of file).
-      g.gemm_efficiency = 0.803;
+      // 0.803 = 794.5 / 989, MAMF table, on full waves 0.828 (see top of file).
+      g.gemm_efficiency = kH100GemmEfficiency;
       // 0.867 = 2903 / 3350: "GPU D2D (HBM3) 2,903 GB/s, 86.7% of HBM3 peak" on 8x H100
       // 80GB HBM3 SXM5, CUDA 12.6 (github.com/aigatech/vpbenchmarking README, Memory
       // Bandwidth table). Cross-check: BabelStream Triad 3315 GB/s on GH200 120GB whose
@@ -110,9 +121,9 @@ const std::vector<Entry>& registry() {
       // 4800 GB/s HBM3e. hardware.csv same row.
       g.hbm_bandwidth = 4800 * GBps;
       // No published H200 SXM MAMF found. Derived from the same-generation measured H100 SXM
-      // (0.803, same GH100 die, same 700 W limit). The GH200 entry (83.6%, 900 W) is higher
-      // because of its power limit and is not used.
-      g.gemm_efficiency = 0.803;
+      // (0.803, same GH100 die, same 700 W limit; 0.828 on full waves). The GH200 entry
+      // (83.6%, 900 W) is higher because of its power limit and is not used.
+      g.gemm_efficiency = kH100GemmEfficiency;
       // No published H200 streaming-bandwidth measurement found. Derived from the
       // same-generation measured H100 SXM (0.867).
       g.memory_efficiency = 0.867;
@@ -138,8 +149,9 @@ const std::vector<Entry>& registry() {
       g.hbm_bandwidth = 8000 * GBps;
       // No published B200 large-GEMM measurement found, and no other Blackwell part was
       // measured in the MAMF table. Taken from the latest measured generation, H100 SXM
-      // (0.803): an explicit assumption, to be replaced by a B200 measurement.
-      g.gemm_efficiency = 0.803;
+      // (0.803; 0.828 on full waves): an explicit assumption, to be replaced by a B200
+      // measurement.
+      g.gemm_efficiency = kH100GemmEfficiency;
       // 0.840 = 6.721 / 8.0: CUB DeviceTransform "add" (2 reads + 1 write, like STREAM
       // Triad), F16, 2^28 elements: 6.721 TB/s on "NVIDIA B200" (NVIDIA/cccl PR #7391,
       // benchmark table).

@@ -1,12 +1,30 @@
 // The numerical interpreter of a StepPlan; semantics in models/verify/verify.hpp.
+//
+// Execution unit: a lane, the ranks of one pipeline stage with equal TP and CP coordinates,
+// one per DP replica. Replicas run the same ops on their own data with their own
+// parameters, so a lane keeps their activations stacked by rows, replica-major (replica
+// d's rows follow replica d-1's, each block laid out as one rank's tensor), and executes
+// each op once, block by block wherever parameters or data enter (one kernel over all
+// rows while the replicas' parameters are bitwise equal, see Impl::uniform). TP and CP
+// collectives combine the lanes of a group element-wise, which reduces every replica's own
+// group at once since the blocks line up; P2P messages go from lane to lane. Parameters,
+// ZeRO ownership, Adam and the DP collectives stay per rank; the replicas' working
+// gradients of a parameter sit side by side in their lane's buffer. The arithmetic is
+// that of rank-by-rank execution (the same kernels and summation orders on each block;
+// collectives add ranks in group order, as models/reference_math does). Sizes the plan
+// states are per rank (a lane's tensor holds |DP| of them).
+// Why lanes: with tiny tensors the cost of an op is mostly its bookkeeping, which a lane
+// pays once for |DP| ranks.
 #include "models/verify/interpreter.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <map>
 #include <set>
 #include <string>
@@ -33,6 +51,10 @@ constexpr double kLossStatBytes = 4.0;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 size_t sz(int64_t x) { return static_cast<size_t>(x); }
+
+/// refmath works on std::vector<double>; Mat storage is pooled (models/verify/tensor.hpp).
+Vector vec(const Doubles& d) { return Vector(d.begin(), d.end()); }
+void set(Doubles& dst, const Vector& src) { dst.assign(src.begin(), src.end()); }
 
 /// A problem that stops execution (the plan cannot be interpreted further).
 struct PlanFatal : std::runtime_error {
@@ -76,16 +98,36 @@ bool sp_partial_grad(LK k) {
          k == LK::final_b || k == LK::out_b || k == LK::down_b;
 }
 
+/// A rank's working gradient of one parameter, stored in its lane's buffer: the replicas
+/// of a lane keep the gradients of a parameter side by side (Lane::grads), which the
+/// per-op accumulation touches together.
+struct GradView {
+  struct Span {
+    double* p = nullptr;
+    size_t n = 0;
+    double& operator[](size_t i) const { return p[i]; }
+    double* data() const { return p; }
+    double* begin() const { return p; }
+    double* end() const { return p + n; }
+    size_t size() const { return n; }
+  };
+  int64_t rows = 0, cols = 0;
+  Span v;
+  int64_t size() const { return rows * cols; }
+  double* row(int64_t i) const { return v.p + i * cols; }
+};
+
 struct LocalParam {
   LK kind = LK::word;
   int layer = -1;
-  Mat value, grad;                 // local shard; working gradient (since the last hand-off)
+  Mat value;                       // local shard
+  GradView grad;                   // working gradient (since the last hand-off)
   std::vector<double> total;       // every local contribution this step (adam-before-sync)
   std::vector<int64_t> gidx;       // global flat index of each element
   bool tp_sharded = false;         // a distinct shard per TP rank
   bool z3 = false;                 // ZeRO-3: only owned elements are stored between uses
   bool materialized = true;        // z3: every element present (gathered)
-  std::vector<double> synced;      // gradient after the DP collective (owned elements)
+  Doubles synced;                  // gradient after the DP collective (owned elements)
   std::vector<uint8_t> owned, has_synced;
   std::vector<uint8_t> fresh;      // holds this step's value (updated here or gathered since)
   refmath::AdamState adam;
@@ -119,31 +161,58 @@ enum class Slot : uint8_t { x_in, res, n1, n2, nf, re1, re2, ref, tmp_in, q, k, 
 constexpr int kSlots = static_cast<int>(Slot::dqkv) + 1;
 constexpr int kLKs = static_cast<int>(LK::head_w) + 1;
 
-/// What a rank keeps for one (layer, micro-batch): tensors by slot and norm statistics.
+/// What a lane keeps for one (layer, micro-batch): tensors by slot, norm statistics, and
+/// the row-parallel branches whose forward (or recompute) ran (dropout_residual_bwd
+/// takes them back in reverse).
 struct Frame {
   std::array<Mat, kSlots> m;
   std::array<bool, kSlots> has{};
   std::array<NormCache, 3> norm;  // input_norm, post_attention_norm, final_norm
   std::array<bool, 3> has_norm{};
+  std::vector<Tag> tape;
+  bool live = false;
+  void reset() {
+    for (size_t s = 0; s < m.size(); ++s)
+      if (has[s]) m[s] = Mat();
+    has.fill(false);
+    for (size_t i = 0; i < norm.size(); ++i)
+      if (has_norm[i]) norm[i] = NormCache();
+    has_norm.fill(false);
+    tape.clear();
+    live = false;
+  }
 };
-int64_t fkey(int layer, int mb) {
-  return (static_cast<int64_t>(layer + 1) << 32) | static_cast<int64_t>(static_cast<uint32_t>(mb + 1));
-}
 int norm_ix(Slot s) { return s == Slot::n1 ? 0 : s == Slot::n2 ? 1 : 2; }
 
+/// A rank's parameters, gradients, ZeRO state and loss.
 struct RankState {
   int64_t rank = 0;
   RankCoord c;
   int stage = 0;
+  int lane = 0;
   int64_t dpcp_index = 0;  // position in the DPxCP group
   std::vector<LocalParam> params;
   std::vector<int> index;  // (layer + 1) * kLKs + kind -> params index, -1 if not held
-  std::unordered_map<int64_t, Frame> frames;
-  std::map<std::pair<int, int>, std::vector<Tag>> tape;  // (layer, mb): row-parallel branches done
-  std::map<int, int> ce_stage;                            // mb -> TP reductions of the loss done
-  Reg cur[3];                                             // forward, recompute, backward chains
   double loss_scaled = 0;
   std::set<int> materialized_layers;
+};
+
+/// The ranks of a stage with one (TP, CP) coordinate: their activations, stacked.
+struct Lane {
+  int index = 0;
+  int stage = 0;
+  int64_t tp = 0, cp = 0;
+  std::vector<int64_t> reps;   // the ranks, by DP coordinate
+  std::vector<Frame*> frames;  // [layer slot * micro-batches + mb], null: none
+  std::vector<int> ce_stage;   // [mb] TP reductions of the loss done
+  Reg cur[3];                  // forward, recompute, backward chains
+  // The replicas' working gradients: parameter pi of replica dd at goff[pi] + dd * size.
+  std::vector<double> grads;
+  std::vector<int64_t> goff;
+  // Impl::uniform's memo, [param]: the parameter epoch of the last comparison, and whether
+  // the replicas' values were bitwise equal then.
+  std::vector<uint64_t> seen;
+  std::vector<uint8_t> same;
 };
 
 /// Op identities the interpreter knows (op names are stable; see verify.hpp).
@@ -189,8 +258,8 @@ const std::unordered_map<std::string_view, Fn>& fn_table() {
       {"tp_allgather_input", Fn::regather}, {"cp_kv_allgather", Fn::cp_kv},
       {"cp_dkv_reducescatter", Fn::cp_dkv}, {"dp_grad_allreduce", Fn::dp_grad},
       {"dp_grad_reducescatter", Fn::dp_grad}, {"dp_param_allgather", Fn::dp_param_gather},
-      // Not in the plan yet: the TP AllReduce of sequence-parallel replicated gradients the
-      // verifier asks for (see the report's SP note); interpreted when present.
+      // The TP AllReduce of sequence-parallel replicated gradients (models/plan.cpp adopted it
+      // from the verifier's report).
       {"tp_sp_grad_allreduce", Fn::sp_grad_allreduce},
       {"embedding_grad_allreduce", Fn::embed_grad},
   };
@@ -235,12 +304,22 @@ struct Interpreter::Impl {
   RankGrid grid;
   int64_t t = 1, cp = 1, dp = 1, pp = 1, dpcp = 1, sl = 0, S = 0, b = 1, al = 1, gl = 1, d = 1, ft = 1, Vt = 1,
           h = 0, m_count = 1;
+  int64_t nd = 1;  // replicas per lane (|DP|)
+  int64_t B = 1;   // samples of a lane's micro-batch: nd x b
   bool sp = false;
   int zero = 0;
   double grad_bytes = 4;
   std::vector<RankState> ranks;
+  std::vector<Lane> lanes;
   std::vector<std::vector<int64_t>> stage_ranks;
-  std::vector<std::map<GroupKind, std::vector<std::vector<int64_t>>>> stage_groups;
+  std::vector<std::vector<int>> stage_lanes;
+  std::vector<std::vector<int>> lane_at;  // [stage][cp * t + tp] -> lane
+  std::vector<std::map<GroupKind, std::vector<std::vector<int64_t>>>> stage_groups;  // of ranks
+  std::vector<std::map<GroupKind, std::vector<std::vector<int>>>> lane_groups;       // TP, CP: of lanes
+  std::vector<std::vector<int>> layer_slot;  // [stage][layer + 1] -> frame slot, -1: not on the stage
+  std::vector<int> stage_slots;              // [stage] frame slots per micro-batch
+  std::deque<Frame> frame_store;             // every frame (stable addresses)
+  std::vector<Frame*> frame_free;            // frames not in use
   std::vector<std::vector<Fn>> fns;
   std::vector<std::set<int>> stage_layers;                       // layers each stage's ops use
   std::vector<std::set<int>> gathered_layers;  // layers a per-layer dp_param_allgather gathers
@@ -252,6 +331,9 @@ struct Interpreter::Impl {
   std::vector<std::vector<std::vector<int64_t>>> last_write;
   std::vector<std::vector<std::vector<uint8_t>>> reduced_mb;  // [stage][param][mb]
   std::vector<std::vector<uint8_t>> reduced_step;              // [stage][param]
+  // [stage] the tied word embedding (or its last-stage copy) when a DP collective of the
+  // stage carries it in a bucket of its own (GradBucket::tied_embedding), else -1.
+  std::vector<int> own_bucket_param;
   // step state
   const Batch* batch = nullptr;
   const RefStep* ref = nullptr;
@@ -264,7 +346,7 @@ struct Interpreter::Impl {
     int64_t vs = -1;  // sender's virtual stage
     Reg reg;
   };
-  std::map<std::tuple<int64_t, int64_t, int>, std::deque<Msg>> mail;
+  std::map<std::tuple<int, int, int>, std::deque<Msg>> mail;  // (from lane, to lane, backward)
   // rules
   Acc acc[kRules];
   std::vector<std::string> problems;
@@ -272,6 +354,7 @@ struct Interpreter::Impl {
   std::vector<std::string> notes;
   std::set<std::string> note_set;
   bool fatal = false;
+  std::vector<uint64_t> epoch;  // [stage] bumped whenever a rank of the stage changes a parameter value
 
   Impl(const TinyModel& model, const StepPlan& p, const VerifyOptions& o)
       : M(model), plan(p), opt(o), grid(p.exp.layout) {
@@ -284,6 +367,8 @@ struct Interpreter::Impl {
     S = M.seq;
     sl = plan.shape.tokens_local;
     b = M.micro_batch;
+    nd = dp;
+    B = nd * b;
     m_count = plan.shape.micro_batches;
     al = M.heads / t;
     gl = M.kv_heads / t;
@@ -297,8 +382,10 @@ struct Interpreter::Impl {
     per_mb_reduce = zero == 3 || plan.exp.training.reduce_every_micro_batch;
     if (sl * cp != S) throw InputError("verify: plan tokens_local * cp != seq_len");
     if (static_cast<int64_t>(plan.stages.size()) != pp) throw InputError("verify: plan has not pp stages");
+    epoch.assign(sz(pp), 0);
     resolve_ops();
     build_ranks();
+    build_lanes();
     build_write_table();
     pending.resize(sz(pp));
   }
@@ -332,7 +419,8 @@ struct Interpreter::Impl {
     p.kind = k;
     p.layer = layer;
     p.value = Mat(rows, cols);
-    p.grad = Mat(rows, cols);
+    p.grad.rows = rows;  // storage: the lane's (build_lanes)
+    p.grad.cols = cols;
     p.tp_sharded = tp_sharded && t > 1;
     p.gidx.resize(sz(rows * cols));
     for (int64_t i = 0; i < rows; ++i)
@@ -428,7 +516,7 @@ struct Interpreter::Impl {
       build_params(R);
     }
     for (int64_t st = 0; st < pp; ++st)
-      for (GroupKind k : {GroupKind::TP, GroupKind::CP, GroupKind::DP, GroupKind::PP, GroupKind::DPxCP}) {
+      for (GroupKind k : {GroupKind::TP, GroupKind::DP, GroupKind::DPxCP}) {
         std::set<std::vector<int64_t>> seen;
         std::vector<std::vector<int64_t>> gs;
         for (int64_t r : stage_ranks[sz(st)]) {
@@ -459,6 +547,78 @@ struct Interpreter::Impl {
           p.owned[sz(e)] = f >= lo && f < hi;
         }
         offset[p.layer] += p.size();
+      }
+    }
+  }
+
+  /// Lanes: the ranks of a stage by (TP, CP) coordinate, their replicas by DP coordinate;
+  /// TP and CP groups of lanes in the rank grid's group order; frame slots per stage.
+  void build_lanes() {
+    lane_at.assign(sz(pp), std::vector<int>(sz(cp * t), -1));
+    stage_lanes.assign(sz(pp), {});
+    for (int64_t st = 0; st < pp; ++st)
+      for (int64_t r : stage_ranks[sz(st)]) {
+        RankState& R = ranks[sz(r)];
+        int& li = lane_at[sz(st)][sz(R.c.cp * t + R.c.tp)];
+        if (li < 0) {
+          li = static_cast<int>(lanes.size());
+          Lane L;
+          L.index = li;
+          L.stage = static_cast<int>(st);
+          L.tp = R.c.tp;
+          L.cp = R.c.cp;
+          L.reps.assign(sz(dp), -1);
+          lanes.push_back(std::move(L));
+          stage_lanes[sz(st)].push_back(li);
+        }
+        R.lane = li;
+        lanes[sz(li)].reps[sz(R.c.dp)] = r;
+      }
+    lane_groups.assign(sz(pp), {});
+    for (int64_t st = 0; st < pp; ++st)
+      for (GroupKind k : {GroupKind::TP, GroupKind::CP}) {
+        std::set<std::vector<int>> seen;
+        std::vector<std::vector<int>> gs;
+        for (int li : stage_lanes[sz(st)]) {
+          std::vector<int> g;
+          for (int64_t r : grid.group_of(lanes[sz(li)].reps.front(), k)) g.push_back(ranks[sz(r)].lane);
+          if (seen.insert(g).second) gs.push_back(std::move(g));
+        }
+        lane_groups[sz(st)][k] = std::move(gs);
+      }
+    layer_slot.assign(sz(pp), std::vector<int>(sz(M.layers + 1), -1));
+    stage_slots.assign(sz(pp), 0);
+    for (int64_t st = 0; st < pp; ++st) {
+      int n = 0;
+      layer_slot[sz(st)][0] = n++;  // layer -1: embedding, head, loss
+      for (int l : stage_layers[sz(st)])
+        if (l >= 0 && l < M.layers) layer_slot[sz(st)][sz(l + 1)] = n++;
+      stage_slots[sz(st)] = n;
+      for (int li : stage_lanes[sz(st)]) {
+        Lane& L = lanes[sz(li)];
+        L.frames.assign(sz(n * m_count), nullptr);
+        L.ce_stage.assign(sz(m_count), 0);
+        const size_t np = rep(L, 0).params.size();
+        L.seen.assign(np, std::numeric_limits<uint64_t>::max());
+        L.same.assign(np, 0);
+        L.goff.assign(np, 0);
+        int64_t total = 0;
+        for (size_t pi = 0; pi < np; ++pi) {
+          L.goff[pi] = total;
+          total += rep(L, 0).params[pi].size() * nd;
+        }
+        L.grads.assign(sz(total), 0.0);
+        for (int64_t dd = 0; dd < nd; ++dd) {
+          RankState& R = rep(L, dd);
+          if (R.params.size() != np) throw InputError("verify: replicas of a lane hold different parameters");
+          for (size_t pi = 0; pi < np; ++pi) {
+            LocalParam& lp = R.params[pi];
+            if (lp.size() != rep(L, 0).params[pi].size())
+              throw InputError("verify: replicas of a lane hold different parameters");
+            lp.grad.v.p = L.grads.data() + L.goff[pi] + dd * lp.size();
+            lp.grad.v.n = sz(lp.size());
+          }
+        }
       }
     }
   }
@@ -504,11 +664,13 @@ struct Interpreter::Impl {
     for (auto& R : ranks)
       for (auto& p : R.params) {
         for (int64_t e = 0; e < p.size(); ++e) p.value.v[sz(e)] = global[sz(p.gidx[sz(e)])];
-        if (p.z3) free_param(p);
+        ++epoch[sz(R.stage)];
+        if (p.z3) free_param(R, p);
       }
   }
 
-  void free_param(LocalParam& p) {
+  void free_param(const RankState& R, LocalParam& p) {
+    ++epoch[sz(R.stage)];
     for (int64_t e = 0; e < p.size(); ++e)
       if (!p.owned[sz(e)]) {
         p.value.v[sz(e)] = kNaN;  // poison: a use before the gather shows
@@ -518,46 +680,82 @@ struct Interpreter::Impl {
   }
 
   // ------------------------------------------------------------------ access ----------
-  Mat& put(RankState& R, int layer, int mb, Slot s, Mat m) {
-    Frame& f = R.frames[fkey(layer, mb)];
+  RankState& rep(const Lane& L, int64_t dd) { return ranks[sz(L.reps[sz(dd)])]; }
+  const RankState& rep(const Lane& L, int64_t dd) const { return ranks[sz(L.reps[sz(dd)])]; }
+
+  Frame* frame(Lane& L, int layer, int mb, bool create) {
+    const auto& slots = layer_slot[sz(L.stage)];
+    const int slot = layer + 1 >= 0 && layer + 1 < static_cast<int>(slots.size()) ? slots[sz(layer + 1)] : -1;
+    if (slot < 0 || mb < 0 || mb >= m_count) {
+      if (!create) return nullptr;
+      problem(fmt::format("verifier: stage {} keeps a tensor of layer {}, micro-batch {}, outside its frames", L.stage,
+                          layer, mb));
+      throw PlanFatal("frame");
+    }
+    Frame*& f = L.frames[sz(slot * m_count + mb)];
+    if (f == nullptr && create) {
+      if (frame_free.empty()) {
+        frame_store.emplace_back();
+        f = &frame_store.back();
+      } else {
+        f = frame_free.back();
+        frame_free.pop_back();
+      }
+      f->live = true;
+    }
+    return f;
+  }
+  void release_frame(Lane& L, int layer, int mb) {
+    const int slot = layer_slot[sz(L.stage)][sz(layer + 1)];
+    Frame*& f = L.frames[sz(slot * m_count + mb)];
+    f->reset();
+    frame_free.push_back(f);
+    f = nullptr;
+  }
+  Mat& put(Lane& L, int layer, int mb, Slot s, Mat m) {
+    Frame& f = *frame(L, layer, mb, true);
     f.has[static_cast<size_t>(s)] = true;
     return f.m[static_cast<size_t>(s)] = std::move(m);
   }
-  Mat* find(RankState& R, int layer, int mb, Slot s) {
-    auto it = R.frames.find(fkey(layer, mb));
-    if (it == R.frames.end() || !it->second.has[static_cast<size_t>(s)]) return nullptr;
-    return &it->second.m[static_cast<size_t>(s)];
+  Mat* find(Lane& L, int layer, int mb, Slot s) {
+    Frame* f = frame(L, layer, mb, false);
+    if (f == nullptr || !f->has[static_cast<size_t>(s)]) return nullptr;
+    return &f->m[static_cast<size_t>(s)];
   }
-  Mat& need(RankState& R, int layer, int mb, Slot s, const Op& op, const char* what) {
-    Mat* m = find(R, layer, mb, s);
+  Mat& need(Lane& L, int layer, int mb, Slot s, const Op& op, const char* what) {
+    Mat* m = find(L, layer, mb, s);
     if (!m) die(op, fmt::format("needs {}, which no earlier op produced (or it was freed)", what));
     return *m;
   }
-  void drop(RankState& R, int layer, int mb, Slot s) {
-    auto it = R.frames.find(fkey(layer, mb));
-    if (it == R.frames.end()) return;
-    it->second.has[static_cast<size_t>(s)] = false;
-    it->second.m[static_cast<size_t>(s)] = Mat();
+  void drop(Lane& L, int layer, int mb, Slot s) {
+    Frame* f = frame(L, layer, mb, false);
+    if (f == nullptr || !f->has[static_cast<size_t>(s)]) return;
+    f->has[static_cast<size_t>(s)] = false;
+    f->m[static_cast<size_t>(s)] = Mat();
   }
-  void drop_layer(RankState& R, int layer, int mb, bool keep_input) {
-    auto it = R.frames.find(fkey(layer, mb));
-    if (it != R.frames.end()) {
-      const bool had = it->second.has[static_cast<size_t>(Slot::x_in)];
-      Mat x = std::move(it->second.m[static_cast<size_t>(Slot::x_in)]);
-      R.frames.erase(it);
-      if (keep_input && had) put(R, layer, mb, Slot::x_in, std::move(x));
+  void drop_layer(Lane& L, int layer, int mb, bool keep_input) {
+    Frame* f = frame(L, layer, mb, false);
+    if (f == nullptr) return;
+    const bool had = f->has[static_cast<size_t>(Slot::x_in)];
+    if (keep_input && had) {
+      Mat x = std::move(f->m[static_cast<size_t>(Slot::x_in)]);
+      f->reset();
+      f->live = true;
+      f->has[static_cast<size_t>(Slot::x_in)] = true;
+      f->m[static_cast<size_t>(Slot::x_in)] = std::move(x);
+      return;
     }
-    R.tape.erase({layer, mb});
+    release_frame(L, layer, mb);
   }
-  NormCache& put_norm(RankState& R, int layer, int mb, Slot s, NormCache c) {
-    Frame& f = R.frames[fkey(layer, mb)];
+  NormCache& put_norm(Lane& L, int layer, int mb, Slot s, NormCache c) {
+    Frame& f = *frame(L, layer, mb, true);
     f.has_norm[sz(norm_ix(s))] = true;
     return f.norm[sz(norm_ix(s))] = std::move(c);
   }
-  const NormCache* find_norm(RankState& R, int layer, int mb, Slot s) {
-    auto it = R.frames.find(fkey(layer, mb));
-    if (it == R.frames.end() || !it->second.has_norm[sz(norm_ix(s))]) return nullptr;
-    return &it->second.norm[sz(norm_ix(s))];
+  const NormCache* find_norm(Lane& L, int layer, int mb, Slot s) {
+    Frame* f = frame(L, layer, mb, false);
+    if (f == nullptr || !f->has_norm[sz(norm_ix(s))]) return nullptr;
+    return &f->norm[sz(norm_ix(s))];
   }
 
   LocalParam& P(RankState& R, LK k, int layer, const Op& op) {
@@ -575,26 +773,28 @@ struct Interpreter::Impl {
   }
   LK head_kind() const { return (!M.tied || pp > 1) ? LK::head_w : LK::word; }
 
-  void grad_add(RankState& R, LK k, int layer, int mb, const Mat& g, const Op& op) {
-    LocalParam& p = P(R, k, layer, op);
-    add_into(p.grad, g);
-    note_write(R, k, layer, mb);
+  /// The index of parameter k in every replica of the lane (they hold the same
+  /// parameters), with P()'s reports: missing (fatal), ZeRO-3 not gathered.
+  int lane_param(Lane& L, LK k, int layer, const Op& op) {
+    const int pi = pindex(rep(L, 0), k, layer);
+    if (pi < 0 || zero == 3)
+      for (int64_t dd = 0; dd < nd; ++dd) P(rep(L, dd), k, layer, op);
+    return pi;
   }
-  void grad_add(RankState& R, LK k, int layer, int mb, const std::vector<double>& g, const Op& op) {
-    LocalParam& p = P(R, k, layer, op);
-    for (size_t i = 0; i < g.size(); ++i) p.grad.v[i] += g[i];
-    note_write(R, k, layer, mb);
+  /// Replica dd's working gradient of parameter pi.
+  double* lane_grad(Lane& L, int pi, int64_t dd) {
+    return L.grads.data() + L.goff[sz(pi)] + dd * rep(L, 0).params[sz(pi)].size();
   }
-  /// Checks a gradient write against the op's static write-set (first rank of a stage).
-  void note_write(RankState& R, LK k, int layer, int mb) {
-    (void)mb;
-    if (R.rank != stage_ranks[sz(R.stage)].front()) return;
-    const int i = pindex(R, k, layer);
-    const auto& w = writes_at[sz(R.stage)][cur_idx];
-    if (std::find(w.begin(), w.end(), i) == w.end())
+  /// Checks a gradient write of the lane against the op's static write-set (on one lane per
+  /// stage: the write-sets are the same for every rank).
+  void note_write(Lane& L, int pi, LK k, int layer) {
+    const RankState& R = ranks[sz(stage_ranks[sz(L.stage)].front())];
+    if (R.lane != L.index) return;
+    const auto& w = writes_at[sz(L.stage)][cur_idx];
+    if (std::find(w.begin(), w.end(), pi) == w.end())
       problem(fmt::format("verifier: stage {} op #{} '{}' wrote the gradient of {} (layer {}), which its static "
                           "write-set lacks (models/verify/interpreter.cpp static_writes)",
-                          R.stage, cur_idx, plan.stages[sz(R.stage)].ops[cur_idx].name, lk_name(k), layer));
+                          L.stage, cur_idx, plan.stages[sz(L.stage)].ops[cur_idx].name, lk_name(k), layer));
   }
 
   /// The parameter gradients an op writes, by its identity. A layer's two
@@ -624,9 +824,13 @@ struct Interpreter::Impl {
   void build_write_table() {
     writes_at.assign(sz(pp), {});
     last_write.assign(sz(pp), {});
+    own_bucket_param.assign(sz(pp), -1);
     for (int64_t st = 0; st < pp; ++st) {
       const RankState& R = ranks[sz(stage_ranks[sz(st)].front())];
       const auto& ops = plan.stages[sz(st)].ops;
+      for (const Op& op : ops)
+        if (op.grad_bucket == GradBucket::tied_embedding)
+          own_bucket_param[sz(st)] = pindex(R, st == 0 ? LK::word : LK::head_w, -1);
       writes_at[sz(st)].assign(ops.size(), {});
       last_write[sz(st)].assign(R.params.size(), std::vector<int64_t>(sz(m_count), -1));
       std::map<std::pair<int, int>, int> ordinal;
@@ -659,28 +863,36 @@ struct Interpreter::Impl {
   }
 
   // ------------------------------------------------------------------ data ------------
+  // ------------------------------------------------------------------ data ------------
   int64_t sample_of(const RankState& R, int mb, int64_t bi) const { return (mb * dp + R.c.dp) * b + bi; }
-  /// Global sequence position of local row `row` of a token matrix (seq_shard: SP shard).
-  int64_t pos_of(const RankState& R, int64_t row, int64_t rows, bool seq_shard) const {
-    const int64_t n = rows / b;
-    const int64_t off = R.c.cp * sl + (seq_shard ? R.c.tp * (sl / t) : 0);
+  /// Global sequence position of row `row` of a lane's token matrix of `rows` rows
+  /// (seq_shard: an SP shard); every replica's block has the same positions.
+  int64_t pos_of(const Lane& L, int64_t row, int64_t rows, bool seq_shard) const {
+    const int64_t n = rows / B;
+    const int64_t off = L.cp * sl + (seq_shard ? L.tp * (sl / t) : 0);
     return off + row % n;
   }
-  std::vector<int64_t> positions(const RankState& R, int64_t rows, bool seq_shard) const {
+  std::vector<int64_t> positions(const Lane& L, int64_t rows, bool seq_shard) const {
     std::vector<int64_t> p(sz(rows));
-    for (int64_t i = 0; i < rows; ++i) p[sz(i)] = pos_of(R, i, rows, seq_shard);
+    for (int64_t i = 0; i < rows; ++i) p[sz(i)] = pos_of(L, i, rows, seq_shard);
     return p;
   }
-  size_t data_index(const RankState& R, int mb, int64_t row, int64_t rows) const {
+  /// Index into the batch of row `row` of one rank's full-sequence token matrix of `rows`.
+  size_t rank_data_index(const RankState& R, int mb, int64_t row, int64_t rows) const {
     const int64_t n = rows / b;
     return sz(sample_of(R, mb, row / n) * S + R.c.cp * sl + row % n);
+  }
+  /// The same for row `row` of a lane's full-sequence token matrix of `rows` rows.
+  size_t data_index(const Lane& L, int mb, int64_t row, int64_t rows) const {
+    const int64_t rr = rows / nd;
+    return rank_data_index(rep(L, row / rr), mb, row % rr, rr);
   }
   double loss_scale(const RankState& R, int mb) const {
     const double N = static_cast<double>(batch->n_valid);
     switch (opt.inject) {
       case Injection::dp_local_mean: {
         int64_t local = 0;
-        for (int64_t row = 0; row < b * sl; ++row) local += batch->valid[data_index(R, mb, row, b * sl)];
+        for (int64_t row = 0; row < b * sl; ++row) local += batch->valid[rank_data_index(R, mb, row, b * sl)];
         return local > 0 ? 1.0 / (static_cast<double>(local) * static_cast<double>(m_count)) : 0.0;
       }
       case Injection::cp_loss_scale: return static_cast<double>(dp) / N;
@@ -689,7 +901,9 @@ struct Interpreter::Impl {
   }
 
   // ------------------------------------------------------------------ comparisons -----
-  void record(int rule, double err, const std::function<std::string()>& at) {
+  /// Counts a compared value; `at` (called only for a new worst) says where it was.
+  template <class F>
+  void record(int rule, double err, F&& at) {
     Acc& a = acc[rule];
     ++a.n;
     if (err > a.max_err || (a.worst.empty() && err >= a.max_err)) {
@@ -700,27 +914,66 @@ struct Interpreter::Impl {
   std::string rank_str(const RankState& R) const {
     return fmt::format("rank {} (tp {} cp {} dp {} pp {})", R.rank, R.c.tp, R.c.cp, R.c.dp, R.c.pp);
   }
-  /// Compares a local token matrix with the reference probe (rows mapped to the batch,
-  /// columns from col0). Gradients (`grad`): a rank's loss is scaled by |DPxCP| / N_global
-  /// and the reference's by 1 / N_global, so the rank's activation gradients are divided
-  /// by |DPxCP| first.
-  void compare_tokens(int rule, const Mat& local, Probe p, int layer, const RankState& R, int mb, bool seq_shard,
+  /// Compares a lane's token matrix with the reference probe (each replica's rows mapped
+  /// to its samples, columns from col0). Gradients (`grad`): a rank's loss is scaled by
+  /// |DPxCP| / N_global and the reference's by 1 / N_global, so the rank's activation
+  /// gradients are divided by |DPxCP| first.
+  void compare_tokens(int rule, const Mat& local, Probe p, int layer, const Lane& L, int mb, bool seq_shard,
                       int64_t col0, const char* when, bool grad = false) {
     if (!ref) return;
     const Mat& g = ref->probe(p, layer);
-    const int64_t n = local.rows / b;
+    const int64_t rr = local.rows / nd, n = rr / b, cols = local.cols;
+    const int64_t off = L.cp * sl + (seq_shard ? L.tp * (sl / t) : 0);
     const double k = grad ? 1.0 / static_cast<double>(dpcp) : 1.0;
-    for (int64_t row = 0; row < local.rows; ++row) {
-      const int64_t grow = sample_of(R, mb, row / n) * S + pos_of(R, row, local.rows, seq_shard);
-      for (int64_t j = 0; j < local.cols; ++j) {
-        const double e = abs_err(k * local.at(row, j), g.at(grow, col0 + j));
-        if (e > acc[rule].max_err || acc[rule].worst.empty())
-          record(rule, e, [&] {
-            return fmt::format("{} of layer {} (step {}, micro-batch {}, {}, {}): {} vs {}", to_string(p), layer, step,
-                               mb, rank_str(R), when, k * local.at(row, j), g.at(grow, col0 + j));
-          });
-        else
-          ++acc[rule].n;
+    Acc& a = acc[rule];
+    // Block by block: the n tokens of one sample of one replica are consecutive rows here
+    // and in the reference (global sample, positions off .. off + n - 1).
+    for (int64_t dd = 0; dd < nd; ++dd) {
+      const RankState& R = rep(L, dd);
+      for (int64_t bi = 0; bi < b; ++bi) {
+        const int64_t row0 = dd * rr + bi * n, grow0 = sample_of(R, mb, bi) * S + off;
+        // The block's largest error first (four running maxima; a NaN sets `nan`);
+        // element by element only when it may set the worst.
+        double m0 = 0, m1 = 0, m2 = 0, m3 = 0;
+        bool nan = false;
+        for (int64_t r = 0; r < n; ++r) {
+          const double* x = local.row(row0 + r);
+          const double* y = g.row(grow0 + r) + col0;
+          int64_t j = 0;
+          for (; j + 4 <= cols; j += 4) {
+            const double e0 = std::fabs(k * x[j] - y[j]), e1 = std::fabs(k * x[j + 1] - y[j + 1]);
+            const double e2 = std::fabs(k * x[j + 2] - y[j + 2]), e3 = std::fabs(k * x[j + 3] - y[j + 3]);
+            m0 = e0 > m0 ? e0 : m0;
+            m1 = e1 > m1 ? e1 : m1;
+            m2 = e2 > m2 ? e2 : m2;
+            m3 = e3 > m3 ? e3 : m3;
+            nan = nan || (e0 != e0) || (e1 != e1) || (e2 != e2) || (e3 != e3);
+          }
+          for (; j < cols; ++j) {
+            const double e = std::fabs(k * x[j] - y[j]);
+            m0 = e > m0 ? e : m0;
+            nan = nan || e != e;
+          }
+        }
+        const double block_max = std::max(std::max(m0, m1), std::max(m2, m3));
+        if (!nan && block_max <= a.max_err && !a.worst.empty()) {
+          a.n += n * cols;
+          continue;
+        }
+        for (int64_t r = 0; r < n; ++r) {
+          const double* x = local.row(row0 + r);
+          const double* y = g.row(grow0 + r) + col0;
+          for (int64_t j = 0; j < cols; ++j) {
+            const double e = abs_err(k * x[j], y[j]);
+            if (e > a.max_err || a.worst.empty())
+              record(rule, e, [&] {
+                return fmt::format("{} of layer {} (step {}, micro-batch {}, {}, {}): {} vs {}", to_string(p), layer,
+                                   step, mb, rank_str(R), when, k * x[j], y[j]);
+              });
+            else
+              ++a.n;
+          }
+        }
       }
     }
   }
@@ -747,15 +1000,15 @@ struct Interpreter::Impl {
     }
   }
 
-  void pp_probe(RankState& R, Reg& reg, bool backward) {
+  void pp_probe(Lane& L, Reg& reg, bool backward) {
     reg.from_pp = false;
-    auto it = chunk_layers[sz(R.stage)].find(reg.model_chunk);
-    if (it == chunk_layers[sz(R.stage)].end()) return;  // a chunk without layers
+    auto it = chunk_layers[sz(L.stage)].find(reg.model_chunk);
+    if (it == chunk_layers[sz(L.stage)].end()) return;  // a chunk without layers
     if (backward)
-      compare_tokens(kPP, reg.m, Probe::d_x_out, it->second.second, R, reg.mb, reg.seq_shard, 0, "received gradient",
+      compare_tokens(kPP, reg.m, Probe::d_x_out, it->second.second, L, reg.mb, reg.seq_shard, 0, "received gradient",
                      true);
     else
-      compare_tokens(kPP, reg.m, Probe::x_in, it->second.first, R, reg.mb, reg.seq_shard, 0, "received activation");
+      compare_tokens(kPP, reg.m, Probe::x_in, it->second.first, L, reg.mb, reg.seq_shard, 0, "received activation");
   }
 
   // ------------------------------------------------------------------ collectives -----
@@ -774,11 +1027,41 @@ struct Interpreter::Impl {
     die(op, fmt::format("a {} needs a reduce op, the plan says none", to_string(op.collective)));
   }
 
-  const std::vector<std::vector<int64_t>>& groups(int st, const Op& op) {
-    return stage_groups[sz(st)].at(op.group);
+  /// The reduction of an activation collective, for reduce_buffers (the arithmetic of
+  /// refmath::all_reduce / reduce_scatter, without their copies).
+  Reduce red(const Op& op) {
+    switch (rop(op)) {
+      case refmath::ReduceOp::sum: return Reduce::sum;
+      case refmath::ReduceOp::avg: return Reduce::avg;
+      case refmath::ReduceOp::max: return Reduce::max;
+    }
+    return Reduce::sum;
+  }
+  /// Concatenation of the buffers, in order (the result of refmath::all_gather).
+  static Doubles concat(const std::vector<const Doubles*>& parts) {
+    size_t n = 0;
+    for (const Doubles* p : parts) n += p->size();
+    Doubles out;
+    out.reserve(n);
+    for (const Doubles* p : parts) out.insert(out.end(), p->begin(), p->end());
+    return out;
   }
 
-  /// TP collective on the tensor each rank's chain produced last (blocking, or issued and
+  /// Groups of ranks (DP, DPxCP, TP for parameter gradients).
+  const std::vector<std::vector<int64_t>>& groups(int st, const Op& op) {
+    auto it = stage_groups[sz(st)].find(op.group);
+    if (it == stage_groups[sz(st)].end())
+      die(op, fmt::format("acts on parameters over {}, which holds no replicas of them", to_string(op.group)));
+    return it->second;
+  }
+  /// Groups of lanes of a TP or CP collective on activations.
+  const std::vector<std::vector<int>>& lane_groups_of(int st, const Op& op, GroupKind want, const char* what) {
+    if (op.group != want)
+      die(op, fmt::format("{} over {} (expected {})", what, to_string(op.group), to_string(want)));
+    return lane_groups[sz(st)].at(want);
+  }
+
+  /// TP collective on the tensor each lane's chain produced last (blocking, or issued and
   /// delivered at its wait; ops in between must not move the chain on).
   void chain_collective(int st, const Op& op) {
     if (op.kind != CommKind::TP || op.group != GroupKind::TP)
@@ -786,43 +1069,66 @@ struct Interpreter::Impl {
     const int ph = phase_ix(op.phase);
     const bool backward = op.phase == Phase::backward;
     std::vector<std::function<void()>> parts;
-    for (const auto& g : groups(st, op)) {
+    for (const auto& g : lane_groups[sz(st)].at(GroupKind::TP)) {
       const int64_t n = static_cast<int64_t>(g.size());
+      // The tensors go into the collective (the chain keeps what they are, not their data,
+      // until the wait delivers the result).
       auto vals = std::make_shared<std::vector<Reg>>();
-      for (int64_t r : g) vals->push_back(ranks[sz(r)].cur[ph]);
+      for (int li : g) {
+        Reg& cur = lanes[sz(li)].cur[ph];
+        vals->push_back(std::move(cur));
+        cur.tag = vals->back().tag;
+        cur.layer = vals->back().layer;
+        cur.mb = vals->back().mb;
+        cur.m = Mat();
+      }
       std::vector<Reg*> regs;
       for (Reg& r : *vals) regs.push_back(&r);
       Reg& r0 = *regs.front();
       if (r0.m.empty()) die(op, "acts on the tensor produced last, but the stage's chain holds none");
-      std::vector<Vector> in;
+      const double per_rank = static_cast<double>(r0.m.size() / nd);
       switch (op.collective) {
         case Collective::AllReduce: {
           if (r0.seq_shard || r0.chunk) die(op, "AllReduce of a sharded tensor");
-          check_size(op, static_cast<double>(r0.m.size()) * kActBytes, "the tensor");
-          for (Reg* r : regs) in.push_back(r->m.v);
-          const auto out = refmath::all_reduce(in, rop(op));
-          for (int64_t i = 0; i < n; ++i) {
-            regs[sz(i)]->m.v = out[sz(i)];
-            regs[sz(i)]->partial = false;
+          check_size(op, per_rank * kActBytes, "the tensor");
+          std::vector<const double*> in;
+          for (Reg* r : regs) {
+            if (r->m.size() != r0.m.size()) die(op, "the TP ranks' tensors differ in size");
+            in.push_back(r->m.v.data());
+          }
+          Doubles acc(r0.m.v.size());
+          reduce_buffers(in.data(), in.size(), acc.size(), red(op), acc.data());
+          for (Reg* r : regs) {
+            std::copy(acc.begin(), acc.end(), r->m.v.begin());
+            r->partial = false;
           }
           break;
         }
         case Collective::ReduceScatter: {
           if (r0.seq_shard || r0.chunk) die(op, "ReduceScatter of a sharded tensor");
           if (sl % n != 0) die(op, fmt::format("{} tokens per rank do not split over {} ranks", sl, n));
-          check_size(op, static_cast<double>(r0.m.size()) * kActBytes, "the tensor (ReduceScatter input)");
+          check_size(op, per_rank * kActBytes, "the tensor (ReduceScatter input)");
+          // Each lane's tensor as its n sequence shards one after another.
+          std::vector<Doubles> packed;
+          std::vector<const double*> in;
           for (Reg* r : regs) {
-            Vector packed;
+            if (r->m.size() != r0.m.size()) die(op, "the TP ranks' tensors differ in size");
+            Doubles pk;
+            pk.reserve(r->m.v.size());
             for (int64_t q = 0; q < n; ++q) {
-              const Mat shard = token_range(r->m, b, q * sl / n, (q + 1) * sl / n);
-              packed.insert(packed.end(), shard.v.begin(), shard.v.end());
+              const Mat shard = token_range(r->m, B, q * sl / n, (q + 1) * sl / n);
+              pk.insert(pk.end(), shard.v.begin(), shard.v.end());
             }
-            in.push_back(std::move(packed));
+            packed.push_back(std::move(pk));
+            in.push_back(packed.back().data());
           }
-          const auto out = refmath::reduce_scatter(in, rop(op));
+          Doubles acc(packed.front().size());
+          reduce_buffers(in.data(), in.size(), acc.size(), red(op), acc.data());
+          const size_t chunk = acc.size() / sz(n);
           for (int64_t i = 0; i < n; ++i) {
-            Mat shard(b * sl / n, r0.m.cols);
-            shard.v = out[sz(i)];
+            Mat shard = Mat::uninitialized(B * sl / n, r0.m.cols);
+            std::copy(acc.begin() + static_cast<std::ptrdiff_t>(sz(i) * chunk),
+                      acc.begin() + static_cast<std::ptrdiff_t>(sz(i + 1) * chunk), shard.v.begin());
             regs[sz(i)]->m = std::move(shard);
             regs[sz(i)]->seq_shard = true;
             regs[sz(i)]->partial = false;
@@ -830,33 +1136,35 @@ struct Interpreter::Impl {
           break;
         }
         case Collective::AllGather: {
+          std::vector<const Doubles*> parts;
+          for (Reg* r : regs) parts.push_back(&r->m.v);
           if (r0.chunk) {
+            // Every lane holds its 1/t piece of each replica's flattened tensor.
             check_size(op, static_cast<double>(r0.full_rows * r0.full_cols) * kActBytes, "the gathered message");
-            for (Reg* r : regs) in.push_back(r->m.v);
-            const auto out = refmath::all_gather(in);
+            const Doubles out = concat(parts);
+            const int64_t full = r0.full_rows * r0.full_cols, piece = full / n;
+            if (static_cast<int64_t>(out.size()) != nd * full || piece * n != full)
+              die(op, "P2P chunks do not fill the tensor");
             for (int64_t i = 0; i < n; ++i) {
               Reg& r = *regs[sz(i)];
-              Mat full(r.full_rows, r.full_cols);
-              if (static_cast<int64_t>(out[sz(i)].size()) != full.size()) die(op, "P2P chunks do not fill the tensor");
-              full.v = out[sz(i)];
-              r.m = std::move(full);
+              Mat stacked = Mat::uninitialized(nd * r.full_rows, r.full_cols);
+              for (int64_t dd = 0; dd < nd; ++dd)
+                for (int64_t q = 0; q < n; ++q)
+                  std::copy(out.begin() + (q * nd + dd) * piece, out.begin() + (q * nd + dd + 1) * piece,
+                            stacked.v.begin() + dd * full + q * piece);
+              r.m = std::move(stacked);
               r.chunk = false;
             }
           } else if (r0.seq_shard) {
-            check_size(op, static_cast<double>(r0.m.size() * n) * kActBytes, "the gathered tensor");
-            for (Reg* r : regs) in.push_back(r->m.v);
-            const auto out = refmath::all_gather(in);
+            check_size(op, per_rank * static_cast<double>(n) * kActBytes, "the gathered tensor");
+            const int64_t cols = r0.m.cols, srows = r0.m.rows;
+            for (Reg* r : regs)
+              if (r->m.rows != srows || r->m.cols != cols) die(op, "the TP ranks' shards differ in size");
+            Mat full = Mat::uninitialized(B * sl, cols);
+            for (int64_t q = 0; q < n; ++q) set_token_range(full, B, q * sl / n, regs[sz(q)]->m);
             for (int64_t i = 0; i < n; ++i) {
               Reg& r = *regs[sz(i)];
-              const int64_t cols = r.m.cols, srows = r.m.rows;
-              Mat full(b * sl, cols);
-              for (int64_t q = 0; q < n; ++q) {
-                Mat shard(srows, cols);
-                std::copy(out[sz(i)].begin() + q * srows * cols, out[sz(i)].begin() + (q + 1) * srows * cols,
-                          shard.v.begin());
-                set_token_range(full, b, q * sl / n, shard);
-              }
-              r.m = std::move(full);
+              r.m = i + 1 < n ? full : std::move(full);
               r.seq_shard = false;
             }
           } else {
@@ -867,21 +1175,21 @@ struct Interpreter::Impl {
       }
       parts.push_back([this, g, vals, ph, backward, op] {
         for (size_t i = 0; i < g.size(); ++i) {
-          RankState& R = ranks[sz(g[i])];
-          Reg& cur = R.cur[ph];
+          Lane& L = lanes[sz(g[i])];
+          Reg& cur = L.cur[ph];
           Reg& r = (*vals)[i];
           if (cur.tag != r.tag || cur.layer != r.layer || cur.mb != r.mb)
             problem(op, "an op between the issue and the wait moved the chain on: the collective's result arrives "
                         "after its tensor was consumed");
           cur = std::move(r);
           if (cur.from_pp && !cur.chunk) {
-            pp_probe(R, cur, backward);
+            pp_probe(L, cur, backward);
             continue;
           }
           Probe p;
           int layer;
           if (probe_of(cur, backward, p, layer))
-            compare_tokens(kTP, cur.m, p, layer, R, cur.mb, cur.seq_shard, 0,
+            compare_tokens(kTP, cur.m, p, layer, L, cur.mb, cur.seq_shard, 0,
                            op.phase == Phase::recompute ? "recompute, after TP collective" : "after TP collective",
                            backward);
         }
@@ -896,62 +1204,71 @@ struct Interpreter::Impl {
   /// (tensor_parallel/cross_entropy.py): the logits maximum (the shift), the target logit,
   /// the sum of exponentials.
   void ce_collective(int st, const Op& op) {
-    for (const auto& g : groups(st, op)) {
-      std::vector<Vector> in;
-      for (int64_t r : g) {
-        RankState& R = ranks[sz(r)];
-        Mat& a = need(R, -1, op.micro_batch, Slot::ce_a, op, "the cross-entropy statistic (cross_entropy)");
-        if (R.ce_stage[op.micro_batch] >= 3) die(op, "a fourth loss AllReduce: the vocab-parallel cross entropy needs three");
-        check_size(op, static_cast<double>(a.size()) * kLossStatBytes, "the per-token fp32 statistic");
-        in.push_back(a.v);
+    for (const auto& g : lane_groups_of(st, op, GroupKind::TP, "a loss AllReduce")) {
+      std::vector<Mat*> stats;
+      std::vector<const double*> in;
+      for (int li : g) {
+        Lane& L = lanes[sz(li)];
+        Mat& a = need(L, -1, op.micro_batch, Slot::ce_a, op, "the cross-entropy statistic (cross_entropy)");
+        if (L.ce_stage[sz(op.micro_batch)] >= 3)
+          die(op, "a fourth loss AllReduce: the vocab-parallel cross entropy needs three");
+        check_size(op, static_cast<double>(a.size() / nd) * kLossStatBytes, "the per-token fp32 statistic");
+        if (!stats.empty() && a.size() != stats.front()->size()) die(op, "the TP ranks' statistics differ in size");
+        stats.push_back(&a);
+        in.push_back(a.v.data());
       }
-      if (ranks[sz(g.front())].ce_stage[op.micro_batch] == 0 && op.reduce != ReduceOp::max)
+      if (lanes[sz(g.front())].ce_stage[sz(op.micro_batch)] == 0 && op.reduce != ReduceOp::max)
         note(fmt::format("the first loss AllReduce reduces the logits maximum with {} (Megatron uses MAX): any shift "
                          "common to all TP ranks leaves the loss and gradients unchanged",
                          to_string(op.reduce)));
-      const auto out = refmath::all_reduce(in, rop(op));
+      Doubles acc(stats.front()->v.size());
+      reduce_buffers(in.data(), in.size(), acc.size(), red(op), acc.data());
       for (size_t i = 0; i < g.size(); ++i) {
-        RankState& R = ranks[sz(g[i])];
-        find(R, -1, op.micro_batch, Slot::ce_a)->v = out[i];
-        ce_after_reduce(R, op.micro_batch, op);
+        std::copy(acc.begin(), acc.end(), stats[i]->v.begin());
+        ce_after_reduce(lanes[sz(g[i])], op.micro_batch, op);
       }
     }
   }
 
-  void ce_after_reduce(RankState& R, int mb, const Op& op) {
-    int& k = R.ce_stage[mb];
-    Mat& a = need(R, -1, mb, Slot::ce_a, op, "the cross-entropy statistic");
-    const Mat& logits = need(R, -1, mb, Slot::logits, op, "the logits (lm_head)");
+  void ce_after_reduce(Lane& L, int mb, const Op& op) {
+    int& k = L.ce_stage[sz(mb)];
+    Mat& a = need(L, -1, mb, Slot::ce_a, op, "the cross-entropy statistic");
+    const Mat& logits = need(L, -1, mb, Slot::logits, op, "the logits (lm_head)");
     const int64_t rows = logits.rows;
     if (k == 0) {  // shift reduced: local target logit next
-      put(R, -1, mb, Slot::ce_shift, a);
+      put(L, -1, mb, Slot::ce_shift, a);
       Mat s(rows, 1);
       for (int64_t i = 0; i < rows; ++i) {
-        const int64_t y = batch->labels[data_index(R, mb, i, rows)] - R.c.tp * Vt;
+        const int64_t y = batch->labels[data_index(L, mb, i, rows)] - L.tp * Vt;
         if (y >= 0 && y < Vt) s.v[sz(i)] = logits.at(i, y);
       }
-      a = s;
+      a = std::move(s);
     } else if (k == 1) {  // target logit reduced: local sum of exponentials next
-      put(R, -1, mb, Slot::ce_tgt, a);
-      const Mat& shift = *find(R, -1, mb, Slot::ce_shift);
+      put(L, -1, mb, Slot::ce_tgt, a);
+      const Mat& shift = *find(L, -1, mb, Slot::ce_shift);
       Mat s(rows, 1);
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < logits.cols; ++j) s.v[sz(i)] += std::exp(logits.at(i, j) - shift.v[sz(i)]);
-      a = s;
+      for (int64_t i = 0; i < rows; ++i) {
+        const double* li = logits.row(i);
+        for (int64_t j = 0; j < logits.cols; ++j) s.v[sz(i)] += std::exp(li[j] - shift.v[sz(i)]);
+      }
+      a = std::move(s);
     } else if (k == 2) {  // sum of exponentials reduced: the loss
-      put(R, -1, mb, Slot::ce_z, a);
-      const Mat& shift = *find(R, -1, mb, Slot::ce_shift);
-      const Mat& tgt = *find(R, -1, mb, Slot::ce_tgt);
-      const double scale = loss_scale(R, mb);
-      for (int64_t i = 0; i < rows; ++i)
-        if (batch->valid[data_index(R, mb, i, rows)])
-          R.loss_scaled += scale * (std::log(a.v[sz(i)]) + shift.v[sz(i)] - tgt.v[sz(i)]);
+      put(L, -1, mb, Slot::ce_z, a);
+      const Mat& shift = *find(L, -1, mb, Slot::ce_shift);
+      const Mat& tgt = *find(L, -1, mb, Slot::ce_tgt);
+      const int64_t rr = rows / nd;
+      for (int64_t dd = 0; dd < nd; ++dd) {
+        RankState& R = rep(L, dd);
+        const double scale = loss_scale(R, mb);
+        for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i)
+          if (batch->valid[data_index(L, mb, i, rows)])
+            R.loss_scaled += scale * (std::log(a.v[sz(i)]) + shift.v[sz(i)] - tgt.v[sz(i)]);
+      }
     }
     ++k;
   }
 
-  /// Asynchronous (issue) or blocking collective with explicit inputs: `start` runs now
-  /// and returns what `wait` delivers.
+  /// Asynchronous (issue) or blocking collective: `deliver` runs at the wait, or now.
   void launch(int st, const Op& op, std::function<void()> deliver) {
     if (op.type == OpType::issue) {
       if (pending[sz(st)].count(op.handle)) die(op, fmt::format("handle {} issued twice", op.handle));
@@ -974,32 +1291,27 @@ struct Interpreter::Impl {
 
   void regather(int st, const Op& op) {
     std::vector<std::function<void()>> parts;
-    for (const auto& g : groups(st, op)) {
-      std::vector<Vector> in;
+    for (const auto& g : lane_groups_of(st, op, GroupKind::TP, "tp_allgather_input")) {
       Slot src = Slot::n1, dst = Slot::re1;
       int layer = -1;
-      int64_t rows = 0, cols = 0;
-      for (int64_t r : g) {
-        RankState& R = ranks[sz(r)];
-        regather_target(R.cur[2], src, dst, layer, op);
-        const Mat& shard = need(R, layer, op.micro_batch, src, op, "the sequence shard of the norm output");
+      int64_t rows = -1, cols = 0;
+      const int64_t n = static_cast<int64_t>(g.size());
+      std::vector<const Mat*> shards;
+      for (int li : g) {
+        Lane& L = lanes[sz(li)];
+        regather_target(L.cur[2], src, dst, layer, op);
+        const Mat& shard = need(L, layer, op.micro_batch, src, op, "the sequence shard of the norm output");
+        if (rows >= 0 && (shard.rows != rows || shard.cols != cols)) die(op, "the TP ranks' shards differ in size");
         rows = shard.rows;
         cols = shard.cols;
-        in.push_back(shard.v);
+        shards.push_back(&shard);
       }
-      const int64_t n = static_cast<int64_t>(g.size());
-      check_size(op, static_cast<double>(rows * cols * n) * kActBytes, "the gathered norm output");
-      auto out = refmath::all_gather(in);
-      parts.push_back([this, g, out = std::move(out), rows, cols, n, layer, dst, mb = op.micro_batch] {
-        for (size_t i = 0; i < g.size(); ++i) {
-          Mat full(b * sl, cols);
-          for (int64_t q = 0; q < n; ++q) {
-            Mat shard(rows, cols);
-            std::copy(out[i].begin() + q * rows * cols, out[i].begin() + (q + 1) * rows * cols, shard.v.begin());
-            set_token_range(full, b, q * sl / n, shard);
-          }
-          put(ranks[sz(g[i])], layer, mb, dst, std::move(full));
-        }
+      check_size(op, static_cast<double>(rows / nd * cols * n) * kActBytes, "the gathered norm output");
+      // Gathered now (the shards are what they are at the issue), delivered at the wait.
+      Mat full = Mat::uninitialized(B * sl, cols);
+      for (int64_t q = 0; q < n; ++q) set_token_range(full, B, q * sl / n, *shards[sz(q)]);
+      parts.push_back([this, g, full = std::move(full), layer, dst, mb = op.micro_batch] {
+        for (size_t i = 0; i < g.size(); ++i) put(lanes[sz(g[i])], layer, mb, dst, full);
       });
     }
     launch(st, op, [parts] {
@@ -1007,7 +1319,7 @@ struct Interpreter::Impl {
     });
   }
 
-  /// K and V of a rank's tokens, side by side: rows b*sl, columns [K | V].
+  /// K and V of a lane's tokens, side by side: rows B*sl, columns [K | V].
   Mat pack_kv(const Mat& k, const Mat& v) const {
     Mat kv(k.rows, 2 * k.cols);
     set_col_range(kv, 0, k);
@@ -1017,24 +1329,26 @@ struct Interpreter::Impl {
 
   void cp_kv(int st, const Op& op) {
     std::vector<std::function<void()>> parts;
-    for (const auto& g : groups(st, op)) {
-      std::vector<Vector> in;
+    for (const auto& g : lane_groups_of(st, op, GroupKind::CP, "cp_kv_allgather")) {
+      std::vector<Mat> kvs;
+      std::vector<const Doubles*> parts_in;
       int64_t cols = 0;
-      for (int64_t r : g) {
-        RankState& R = ranks[sz(r)];
-        const Mat kv = pack_kv(need(R, op.layer, op.micro_batch, Slot::k, op, "K (qkv)"),
-                               need(R, op.layer, op.micro_batch, Slot::v, op, "V (qkv)"));
-        cols = kv.cols;
-        in.push_back(kv.v);
+      for (int li : g) {
+        Lane& L = lanes[sz(li)];
+        kvs.push_back(pack_kv(need(L, op.layer, op.micro_batch, Slot::k, op, "K (qkv)"),
+                              need(L, op.layer, op.micro_batch, Slot::v, op, "V (qkv)")));
+        cols = kvs.back().cols;
+        if (kvs.back().size() != kvs.front().size()) die(op, "the CP ranks' K/V differ in size");
       }
-      check_size(op, static_cast<double>(in.front().size() * g.size()) * kActBytes, "K and V of every CP rank");
-      auto out = refmath::all_gather(in);
-      parts.push_back([this, g, out = std::move(out), cols, layer = op.layer, mb = op.micro_batch] {
-        for (size_t i = 0; i < g.size(); ++i) {
-          Mat all(static_cast<int64_t>(out[i].size()) / cols, cols);
-          all.v = out[i];
-          put(ranks[sz(g[i])], layer, mb, Slot::kv_all, std::move(all));
-        }
+      for (const Mat& kv : kvs) parts_in.push_back(&kv.v);
+      check_size(op, static_cast<double>(kvs.front().v.size() / sz(nd) * g.size()) * kActBytes,
+                 "K and V of every CP rank");
+      Mat all;
+      all.v = concat(parts_in);
+      all.cols = cols;
+      all.rows = static_cast<int64_t>(all.v.size()) / cols;
+      parts.push_back([this, g, all = std::move(all), layer = op.layer, mb = op.micro_batch] {
+        for (size_t i = 0; i < g.size(); ++i) put(lanes[sz(g[i])], layer, mb, Slot::kv_all, all);
       });
     }
     launch(st, op, [parts] {
@@ -1042,7 +1356,7 @@ struct Interpreter::Impl {
     });
   }
 
-  /// ReduceScatter (SUM) of every rank's dK/dV of all CP blocks: block j to its owner j.
+  /// ReduceScatter (SUM) of every lane's dK/dV of all CP blocks: block j to its owner j.
   /// Read when delivered: ring attention streams the blocks as attention_bwd_remote
   /// produces them.
   void cp_dkv(int st, const Op& op) {
@@ -1050,26 +1364,36 @@ struct Interpreter::Impl {
       note("cp_dkv_reducescatter is issued before attention_bwd_remote produces the dK/dV it reduces; the "
            "verifier reads its input at the wait (ring attention streams dK/dV blocks). A plan field such as "
            "Op::input_ready_at_wait would state this instead of the op name");
-    const auto gs = groups(st, op);
+    const auto gs = lane_groups_of(st, op, GroupKind::CP, "cp_dkv_reducescatter");
     launch(st, op, [this, gs, op, st] {
       cur_stage = st;
       for (const auto& g : gs) {
-        std::vector<Vector> in;
-        for (int64_t r : g)
-          in.push_back(need(ranks[sz(r)], op.layer, op.micro_batch, Slot::dkv_all, op, "dK/dV of every block").v);
-        check_size(op, static_cast<double>(in.front().size()) * kActBytes, "dK/dV of every CP block");
-        const auto out = refmath::reduce_scatter(in, rop(op));
+        std::vector<const double*> in;
+        size_t len = 0;
+        for (int li : g) {
+          const Mat& dkv = need(lanes[sz(li)], op.layer, op.micro_batch, Slot::dkv_all, op, "dK/dV of every block");
+          if (!in.empty() && dkv.v.size() != len) die(op, "the CP ranks' dK/dV differ in size");
+          len = dkv.v.size();
+          in.push_back(dkv.v.data());
+        }
+        check_size(op, static_cast<double>(len / sz(nd)) * kActBytes, "dK/dV of every CP block");
+        if (len % g.size() != 0) die(op, "dK/dV do not split over the CP ranks");
+        Doubles acc(len);
+        reduce_buffers(in.data(), in.size(), len, red(op), acc.data());
+        const size_t chunk = len / g.size();
         for (size_t i = 0; i < g.size(); ++i) {
-          RankState& R = ranks[sz(g[i])];
-          Mat own(b * sl, 2 * gl * d);
-          own.v = out[i];
-          put(R, op.layer, op.micro_batch, Slot::dk, col_range(own, 0, gl * d));
-          put(R, op.layer, op.micro_batch, Slot::dv, col_range(own, gl * d, 2 * gl * d));
+          Lane& L = lanes[sz(g[i])];
+          Mat own = Mat::uninitialized(B * sl, 2 * gl * d);
+          if (sz(own.size()) != chunk) die(op, "dK/dV blocks do not match the CP ranks' tokens");
+          std::copy(acc.begin() + static_cast<std::ptrdiff_t>(i * chunk),
+                    acc.begin() + static_cast<std::ptrdiff_t>((i + 1) * chunk), own.v.begin());
+          put(L, op.layer, op.micro_batch, Slot::dk, col_range(own, 0, gl * d));
+          put(L, op.layer, op.micro_batch, Slot::dv, col_range(own, gl * d, 2 * gl * d));
           if (cp > 1) {
-            compare_tokens(kCP, *find(R, op.layer, op.micro_batch, Slot::dk), Probe::dk, op.layer, R, op.micro_batch,
-                           false, R.c.tp * gl * d, "dK at its owner after cp_dkv_reducescatter", true);
-            compare_tokens(kCP, *find(R, op.layer, op.micro_batch, Slot::dv), Probe::dv, op.layer, R, op.micro_batch,
-                           false, R.c.tp * gl * d, "dV at its owner after cp_dkv_reducescatter", true);
+            compare_tokens(kCP, *find(L, op.layer, op.micro_batch, Slot::dk), Probe::dk, op.layer, L, op.micro_batch,
+                           false, L.tp * gl * d, "dK at its owner after cp_dkv_reducescatter", true);
+            compare_tokens(kCP, *find(L, op.layer, op.micro_batch, Slot::dv), Probe::dv, op.layer, L, op.micro_batch,
+                           false, L.tp * gl * d, "dV at its owner after cp_dkv_reducescatter", true);
           }
         }
       }
@@ -1077,12 +1401,18 @@ struct Interpreter::Impl {
   }
 
   // ---- data-parallel gradients and ZeRO ----
+  /// The gradients a DP collective carries (Op::grad_bucket): the tied word embedding's
+  /// own bucket, or every complete and unreduced gradient but one that has its own bucket.
   Bucket ready_bucket(int st, const Op& op) {
     Bucket bk;
     const RankState& R0 = ranks[sz(stage_ranks[sz(st)].front())];
     const auto& lw = last_write[sz(st)];
     const int idx = static_cast<int>(cur_idx);
+    const bool own = op.grad_bucket == GradBucket::tied_embedding;
+    const int word = own_bucket_param[sz(st)];
+    if (own && word < 0) die(op, "a tied word-embedding bucket on a stage without a tied word embedding");
     for (size_t p = 0; p < R0.params.size(); ++p) {
+      if (own != (static_cast<int>(p) == word)) continue;
       bool ready = false;
       if (per_mb_reduce) {
         const int mb = op.micro_batch;
@@ -1101,6 +1431,8 @@ struct Interpreter::Impl {
         bk.elems += R0.params[p].size();
       }
     }
+    if (own && bk.params.empty())
+      die(op, "the tied word embedding's own bucket, but its gradient is not complete or already reduced");
     return bk;
   }
 
@@ -1219,7 +1551,7 @@ struct Interpreter::Impl {
           problem(op, fmt::format("no rank of the DPxCP group owns some elements of {} (layer {})", lk_name(lp0.kind),
                                   lp0.layer));
       }
-      parts.push_back([this, g, sel, val = std::move(val), have = std::move(have), layer, skip] {
+      parts.push_back([this, g, sel, val = std::move(val), have = std::move(have), layer, skip, st] {
         if (skip) return;
         for (int64_t r : g) {
           RankState& R = ranks[sz(r)];
@@ -1230,6 +1562,7 @@ struct Interpreter::Impl {
                 lp.value.v[sz(e)] = val[k][sz(e)];
                 lp.fresh[sz(e)] = 1;
               }
+            ++epoch[sz(st)];
             if (lp.z3) lp.materialized = true;
           }
           if (layer >= 0 && zero == 3) R.materialized_layers.insert(layer);
@@ -1241,9 +1574,8 @@ struct Interpreter::Impl {
     });
   }
 
-  /// Proposed op (not in the plan yet): TP AllReduce SUM of the gradients of parameters
-  /// replicated over TP but computed on sequence shards, as they stand (TP peers shard
-  /// their DP reductions alike).
+  /// TP AllReduce SUM of the gradients of parameters replicated over TP but computed on
+  /// sequence shards, as they stand (TP peers shard their DP reductions alike).
   void sp_grad_allreduce(int st, const Op& op) {
     for (const auto& g : groups(st, op)) {
       std::vector<Vector> in;
@@ -1267,10 +1599,7 @@ struct Interpreter::Impl {
 
   /// A gradient as it stands: the DP-reduced value where this rank received one, the
   /// local gradient elsewhere.
-  static std::vector<double>& grad_as_is(LocalParam& p, size_t e, std::vector<double>*& which) {
-    which = p.has_synced[e] ? &p.synced : &p.grad.v;
-    return *which;
-  }
+  static double& grad_as_is(LocalParam& p, size_t e) { return p.has_synced[e] ? p.synced[e] : p.grad.v[e]; }
 
   /// Tied word embedding with pp > 1: AllReduce (Op::reduce) of the gradient of the
   /// first stage's embedding and the last stage's copy over the embedding group
@@ -1291,10 +1620,8 @@ struct Interpreter::Impl {
       Vector va(sz(a.size())), vb(sz(a.size()));
       bool mixed = false;
       for (int64_t e = 0; e < a.size(); ++e) {
-        std::vector<double>* wa = nullptr;
-        std::vector<double>* wb = nullptr;
-        va[sz(e)] = grad_as_is(a, sz(e), wa)[sz(e)];
-        vb[sz(e)] = grad_as_is(bb, sz(e), wb)[sz(e)];
+        va[sz(e)] = grad_as_is(a, sz(e));
+        vb[sz(e)] = grad_as_is(bb, sz(e));
         mixed = mixed || (a.has_synced[sz(e)] != bb.has_synced[sz(e)]);
       }
       if (mixed && mixed_pairs++ == 0) {
@@ -1303,12 +1630,8 @@ struct Interpreter::Impl {
       }
       const auto out = refmath::all_reduce({va, vb}, rop(op));
       for (int64_t e = 0; e < a.size(); ++e) {
-        std::vector<double>* wa = nullptr;
-        std::vector<double>* wb = nullptr;
-        grad_as_is(a, sz(e), wa);
-        grad_as_is(bb, sz(e), wb);
-        (*wa)[sz(e)] = out[0][sz(e)];
-        (*wb)[sz(e)] = out[1][sz(e)];
+        grad_as_is(a, sz(e)) = out[0][sz(e)];
+        grad_as_is(bb, sz(e)) = out[1][sz(e)];
       }
     }
     if (mixed_pairs > 0)
@@ -1321,42 +1644,51 @@ struct Interpreter::Impl {
   }
 
   // ------------------------------------------------------------------ p2p -------------
-  int64_t peer(const RankState& R, const Op& op, int delta) const {
-    RankCoord c = R.c;
-    c.pp = op.peer_stage >= 0 ? op.peer_stage : R.c.pp + delta;
-    return grid.rank_of(c);
+  /// The lane of the stage a send or receive talks to (Op::peer_stage, else the next or
+  /// previous stage), with this lane's TP and CP coordinates.
+  int peer(const Lane& L, const Op& op, int delta) const {
+    const int64_t st = op.peer_stage >= 0 ? op.peer_stage : L.stage + delta;
+    if (st < 0 || st >= pp) return -1;
+    return lane_at[sz(st)][sz(L.cp * t + L.tp)];
   }
   int64_t virtual_stage(int stage, int chunk) const { return static_cast<int64_t>(chunk) * pp + stage; }
 
   void send(int st, const Op& op) {
     const bool fwd = op.dir == Direction::forward;
     const int ph = fwd ? 0 : 2;
-    for (int64_t r : stage_ranks[sz(st)]) {
-      RankState& R = ranks[sz(r)];
-      Reg& c = R.cur[ph];
+    for (int li : stage_lanes[sz(st)]) {
+      Lane& L = lanes[sz(li)];
+      Reg& c = L.cur[ph];
       if (c.m.empty() || c.partial || c.chunk || (c.tag != Tag::stream && c.tag != Tag::embed_out))
         die(op, "sends the stage's output, but the chain does not hold a complete activation / gradient");
-      Reg msg = c;
+      const int to = peer(L, op, fwd ? 1 : -1);
+      if (to < 0) die(op, "sends to a stage outside the pipeline");
+      Reg msg;
+      msg.tag = c.tag;
+      msg.layer = c.layer;
+      msg.seq_shard = c.seq_shard;
       msg.mb = op.micro_batch;
-      if (!sp && t > 1) {  // Megatron scatter/gather: each TP rank sends 1/t of the tensor
-        const int64_t n = c.m.size() / t;
-        msg.full_rows = c.m.rows;
+      if (!sp && t > 1) {  // Megatron scatter/gather: each TP rank sends 1/t of each replica's tensor
+        const int64_t full = c.m.size() / nd, n = full / t;
+        msg.full_rows = c.m.rows / nd;
         msg.full_cols = c.m.cols;
-        msg.m = Mat(1, n);
-        std::copy(c.m.v.begin() + R.c.tp * n, c.m.v.begin() + (R.c.tp + 1) * n, msg.m.v.begin());
+        msg.m = Mat(1, nd * n);
+        for (int64_t dd = 0; dd < nd; ++dd)
+          std::copy(c.m.v.begin() + dd * full + L.tp * n, c.m.v.begin() + dd * full + (L.tp + 1) * n,
+                    msg.m.v.begin() + dd * n);
         msg.chunk = true;
+      } else {
+        msg.m = c.m;
       }
-      check_size(op, static_cast<double>(msg.m.size()) * kActBytes, "the message");
-      mail[{r, peer(R, op, fwd ? 1 : -1), fwd ? 0 : 1}].push_back(
-          {op.micro_batch, virtual_stage(st, op.chunk), std::move(msg)});
+      check_size(op, static_cast<double>(msg.m.size() / nd) * kActBytes, "the message");
+      mail[{li, to, fwd ? 0 : 1}].push_back({op.micro_batch, virtual_stage(st, op.chunk), std::move(msg)});
     }
   }
 
   bool recv_ready(int st, const Op& op) {
     const bool fwd = op.dir == Direction::forward;
-    for (int64_t r : stage_ranks[sz(st)]) {
-      const RankState& R = ranks[sz(r)];
-      auto it = mail.find({peer(R, op, fwd ? -1 : 1), r, fwd ? 0 : 1});
+    for (int li : stage_lanes[sz(st)]) {
+      auto it = mail.find({peer(lanes[sz(li)], op, fwd ? -1 : 1), li, fwd ? 0 : 1});
       if (it == mail.end() || it->second.empty()) return false;
     }
     return true;
@@ -1365,18 +1697,18 @@ struct Interpreter::Impl {
   void recv(int st, const Op& op) {
     const bool fwd = op.dir == Direction::forward;
     const int64_t want_vs = virtual_stage(st, op.chunk) + (fwd ? -1 : 1);
-    for (int64_t r : stage_ranks[sz(st)]) {
-      RankState& R = ranks[sz(r)];
-      auto& q = mail[{peer(R, op, fwd ? -1 : 1), r, fwd ? 0 : 1}];
+    for (int li : stage_lanes[sz(st)]) {
+      Lane& L = lanes[sz(li)];
+      auto& q = mail[{peer(L, op, fwd ? -1 : 1), li, fwd ? 0 : 1}];
       const bool swap = opt.inject == Injection::pp_microbatch_swap;
-      Msg msg = swap ? q.back() : q.front();
+      Msg msg = std::move(swap ? q.back() : q.front());
       if (swap) q.pop_back(); else q.pop_front();
       if (!swap && (msg.mb != op.micro_batch || msg.vs != want_vs))
         problem(op, fmt::format("receives the message of micro-batch {} from virtual stage {} (wanted micro-batch {} "
                                 "from virtual stage {}): sender and receiver orders differ",
                                 msg.mb, msg.vs, op.micro_batch, want_vs));
-      check_size(op, static_cast<double>(msg.reg.m.size()) * kActBytes, "the message");
-      Reg& c = R.cur[fwd ? 0 : 2];
+      check_size(op, static_cast<double>(msg.reg.m.size() / nd) * kActBytes, "the message");
+      Reg& c = L.cur[fwd ? 0 : 2];
       c = std::move(msg.reg);
       c.mb = op.micro_batch;
       c.tag = Tag::stream;
@@ -1384,7 +1716,7 @@ struct Interpreter::Impl {
       auto cl = chunk_layers[sz(st)].find(op.chunk);
       c.layer = cl == chunk_layers[sz(st)].end() ? -1 : (fwd ? cl->second.first - 1 : cl->second.second + 1);
       c.from_pp = true;
-      if (!c.chunk) pp_probe(R, c, !fwd);
+      if (!c.chunk) pp_probe(L, c, !fwd);
     }
   }
 
@@ -1393,40 +1725,48 @@ struct Interpreter::Impl {
     if (opt.inject == Injection::cp_causal_local) return kpos % sl <= qpos % sl;
     return kpos <= qpos;
   }
-  /// K and V of CP block j for this rank (own block without CP).
-  std::pair<Mat, Mat> kv_block(RankState& R, int layer, int mb, int64_t j, const Op& op) {
-    if (cp == 1 || j == R.c.cp) {
-      if (j != R.c.cp) die(op, "K/V block outside the CP group");
-      return {need(R, layer, mb, Slot::k, op, "K (qkv)"), need(R, layer, mb, Slot::v, op, "V (qkv)")};
+  /// K and V of CP block j for a lane (own block without CP): row r of K is k[r * stride].
+  struct KV {
+    const double* k = nullptr;
+    const double* v = nullptr;
+    int64_t stride = 0;
+  };
+  KV kv_block(Lane& L, int layer, int mb, int64_t j, const Op& op) {
+    if (cp == 1 || j == L.cp) {
+      if (j != L.cp) die(op, "K/V block outside the CP group");
+      const Mat& k = need(L, layer, mb, Slot::k, op, "K (qkv)");
+      const Mat& v = need(L, layer, mb, Slot::v, op, "V (qkv)");
+      return {k.v.data(), v.v.data(), k.cols};
     }
-    const Mat& all = need(R, layer, mb, Slot::kv_all, op, "K/V of the other CP ranks (cp_kv_allgather)");
-    Mat blk(b * sl, all.cols);
-    std::copy(all.v.begin() + j * b * sl * all.cols, all.v.begin() + (j + 1) * b * sl * all.cols, blk.v.begin());
-    return {col_range(blk, 0, gl * d), col_range(blk, gl * d, 2 * gl * d)};
+    const Mat& all = need(L, layer, mb, Slot::kv_all, op, "K/V of the other CP ranks (cp_kv_allgather)");
+    const double* base = all.row(j * B * sl);
+    return {base, base + gl * d, all.cols};
   }
 
   /// Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao 2022 Alg. 1) of this
-  /// rank's queries against CP block kb: running max M, exp-sum L, weighted output ACC.
-  void online_block(RankState& R, int layer, int mb, int64_t kb, const Op& op) {
-    const Mat& q = need(R, layer, mb, Slot::q, op, "Q (qkv)");
-    auto [K, V] = kv_block(R, layer, mb, kb, op);
-    Mat& Mx = *find(R, layer, mb, Slot::att_m);
-    Mat& Ls = *find(R, layer, mb, Slot::att_l);
-    Mat& Acc = *find(R, layer, mb, Slot::att_acc);
+  /// lane's queries against CP block kb: running max M, exp-sum L, weighted output ACC.
+  void online_block(Lane& L, int layer, int mb, int64_t kb, const Op& op) {
+    const Mat& q = need(L, layer, mb, Slot::q, op, "Q (qkv)");
+    const KV kv = kv_block(L, layer, mb, kb, op);
+    Mat& Mx = *find(L, layer, mb, Slot::att_m);
+    Mat& Ls = *find(L, layer, mb, Slot::att_l);
+    Mat& Acc = *find(L, layer, mb, Slot::att_acc);
     const int64_t group = al / gl;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     std::vector<double> s(sz(sl));
-    for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t bi = 0; bi < B; ++bi)
       for (int64_t hh = 0; hh < al; ++hh) {
         const int64_t kh = hh / group;
         for (int64_t tq = 0; tq < sl; ++tq) {
-          const int64_t row = bi * sl + tq, qpos = R.c.cp * sl + tq;
+          const int64_t row = bi * sl + tq, qpos = L.cp * sl + tq;
+          const double* qr = q.row(row) + hh * d;
           double mx = -INFINITY;
           for (int64_t u = 0; u < sl; ++u) {
             s[sz(u)] = -INFINITY;
             if (!allowed(qpos, kb * sl + u)) continue;
+            const double* kr = kv.k + (bi * sl + u) * kv.stride + kh * d;
             double dot = 0;
-            for (int64_t x = 0; x < d; ++x) dot += q.at(row, hh * d + x) * K.at(bi * sl + u, kh * d + x);
+            for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
             s[sz(u)] = dot * scale;
             mx = std::max(mx, s[sz(u)]);
           }
@@ -1434,131 +1774,147 @@ struct Interpreter::Impl {
           const double m_old = Mx.at(row, hh), m_new = std::max(m_old, mx);
           const double f = m_old == -INFINITY ? 0.0 : std::exp(m_old - m_new);
           Ls.at(row, hh) *= f;
-          for (int64_t x = 0; x < d; ++x) Acc.at(row, hh * d + x) *= f;
+          double* acc_r = Acc.row(row) + hh * d;
+          for (int64_t x = 0; x < d; ++x) acc_r[x] *= f;
           for (int64_t u = 0; u < sl; ++u) {
             if (s[sz(u)] == -INFINITY) continue;
             const double p = std::exp(s[sz(u)] - m_new);
             Ls.at(row, hh) += p;
-            for (int64_t x = 0; x < d; ++x) Acc.at(row, hh * d + x) += p * V.at(bi * sl + u, kh * d + x);
+            const double* vr = kv.v + (bi * sl + u) * kv.stride + kh * d;
+            for (int64_t x = 0; x < d; ++x) acc_r[x] += p * vr[x];
           }
           Mx.at(row, hh) = m_new;
         }
       }
   }
-  void online_init(RankState& R, int layer, int mb) {
-    put(R, layer, mb, Slot::att_m, Mat(b * sl, al, -INFINITY));
-    put(R, layer, mb, Slot::att_l, Mat(b * sl, al));
-    put(R, layer, mb, Slot::att_acc, Mat(b * sl, al * d));
+  void online_init(Lane& L, int layer, int mb) {
+    put(L, layer, mb, Slot::att_m, Mat(B * sl, al, -INFINITY));
+    put(L, layer, mb, Slot::att_l, Mat(B * sl, al));
+    put(L, layer, mb, Slot::att_acc, Mat(B * sl, al * d));
   }
-  void online_finish(RankState& R, int layer, int mb, const Op& op) {
-    const Mat& Mx = need(R, layer, mb, Slot::att_m, op, "the online-softmax state (attention_local)");
-    const Mat& Ls = *find(R, layer, mb, Slot::att_l);
-    const Mat& Acc = *find(R, layer, mb, Slot::att_acc);
-    Mat ctx(b * sl, al * d), lse(b * sl, al);
-    for (int64_t row = 0; row < b * sl; ++row)
+  void online_finish(Lane& L, int layer, int mb, const Op& op) {
+    const Mat& Mx = need(L, layer, mb, Slot::att_m, op, "the online-softmax state (attention_local)");
+    const Mat& Ls = *find(L, layer, mb, Slot::att_l);
+    const Mat& Acc = *find(L, layer, mb, Slot::att_acc);
+    Mat ctx(B * sl, al * d), lse(B * sl, al);
+    for (int64_t row = 0; row < B * sl; ++row)
       for (int64_t hh = 0; hh < al; ++hh) {
         lse.at(row, hh) = Mx.at(row, hh) + std::log(Ls.at(row, hh));
         for (int64_t x = 0; x < d; ++x) ctx.at(row, hh * d + x) = Acc.at(row, hh * d + x) / Ls.at(row, hh);
       }
-    for (Slot s : {Slot::att_m, Slot::att_l, Slot::att_acc, Slot::kv_all}) drop(R, layer, mb, s);
-    put(R, layer, mb, Slot::lse, std::move(lse));
-    finish_ctx(R, layer, mb, std::move(ctx), op);
+    for (Slot s : {Slot::att_m, Slot::att_l, Slot::att_acc, Slot::kv_all}) drop(L, layer, mb, s);
+    put(L, layer, mb, Slot::lse, std::move(lse));
+    finish_ctx(L, layer, mb, std::move(ctx), op);
   }
-  void finish_ctx(RankState& R, int layer, int mb, Mat ctx, const Op& op) {
-    if (cp > 1) compare_tokens(kCP, ctx, Probe::ctx, layer, R, mb, false, R.c.tp * al * d, "attention output");
-    Reg& c = R.cur[phase_ix(op.phase)];
+  void finish_ctx(Lane& L, int layer, int mb, Mat ctx, const Op& op) {
+    if (cp > 1) compare_tokens(kCP, ctx, Probe::ctx, layer, L, mb, false, L.tp * al * d, "attention output");
+    Reg& c = L.cur[phase_ix(op.phase)];
     c = Reg{};
     c.m = ctx;
     c.tag = Tag::ctx;
     c.layer = layer;
     c.mb = mb;
-    put(R, layer, mb, Slot::ctx, std::move(ctx));
-    drop(R, layer, mb, Slot::kv_all);
+    put(L, layer, mb, Slot::ctx, std::move(ctx));
+    drop(L, layer, mb, Slot::kv_all);
   }
 
-  /// FlashAttention backward of this rank's queries against CP block kb (Dao 2022 Alg. 2):
+  /// FlashAttention backward of this lane's queries against CP block kb (Dao 2022 Alg. 2):
   /// P = exp(S - lse), dV_j += P^T dO, dS = P (dP - rowsum(dO o O)), dQ += dS K, dK_j += dS^T Q.
-  void flash_bwd_block(RankState& R, int layer, int mb, int64_t kb, const Op& op) {
-    const Mat& q = need(R, layer, mb, Slot::q, op, "Q");
-    const Mat& ctx = need(R, layer, mb, Slot::ctx, op, "the attention output (forward or recompute)");
-    const Mat& lse = need(R, layer, mb, Slot::lse, op, "the softmax log-sum-exp (forward or recompute)");
-    const Mat& dctx = need(R, layer, mb, Slot::dctx, op, "the attention output gradient (out_proj_dgrad)");
-    auto [K, V] = kv_block(R, layer, mb, kb, op);
-    Mat* dq = find(R, layer, mb, Slot::dq);
-    if (!dq) dq = &put(R, layer, mb, Slot::dq, Mat(b * sl, al * d));
-    Mat* dkv = find(R, layer, mb, Slot::dkv_all);
-    if (!dkv) dkv = &put(R, layer, mb, Slot::dkv_all, Mat(cp * b * sl, 2 * gl * d));
+  void flash_bwd_block(Lane& L, int layer, int mb, int64_t kb, const Op& op) {
+    const Mat& q = need(L, layer, mb, Slot::q, op, "Q");
+    const Mat& ctx = need(L, layer, mb, Slot::ctx, op, "the attention output (forward or recompute)");
+    const Mat& lse = need(L, layer, mb, Slot::lse, op, "the softmax log-sum-exp (forward or recompute)");
+    const Mat& dctx = need(L, layer, mb, Slot::dctx, op, "the attention output gradient (out_proj_dgrad)");
+    const KV kv = kv_block(L, layer, mb, kb, op);
+    Mat* dq = find(L, layer, mb, Slot::dq);
+    if (!dq) dq = &put(L, layer, mb, Slot::dq, Mat(B * sl, al * d));
+    Mat* dkv = find(L, layer, mb, Slot::dkv_all);
+    if (!dkv) dkv = &put(L, layer, mb, Slot::dkv_all, Mat(cp * B * sl, 2 * gl * d));
     const int64_t group = al / gl, kvw = gl * d;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t bi = 0; bi < B; ++bi)
       for (int64_t hh = 0; hh < al; ++hh) {
         const int64_t kh = hh / group;
         for (int64_t tq = 0; tq < sl; ++tq) {
-          const int64_t row = bi * sl + tq, qpos = R.c.cp * sl + tq;
+          const int64_t row = bi * sl + tq, qpos = L.cp * sl + tq;
+          const double* qr = q.row(row) + hh * d;
+          const double* dor = dctx.row(row) + hh * d;
+          const double* orow = ctx.row(row) + hh * d;
+          double* dqr = dq->row(row) + hh * d;
           double D = 0;
-          for (int64_t x = 0; x < d; ++x) D += dctx.at(row, hh * d + x) * ctx.at(row, hh * d + x);
+          for (int64_t x = 0; x < d; ++x) D += dor[x] * orow[x];
           for (int64_t u = 0; u < sl; ++u) {
             if (!allowed(qpos, kb * sl + u)) continue;
-            const int64_t krow = bi * sl + u, drow = kb * b * sl + krow;
+            const int64_t krow = bi * sl + u, drow = kb * B * sl + krow;
+            const double* kr = kv.k + krow * kv.stride + kh * d;
+            const double* vr = kv.v + krow * kv.stride + kh * d;
             double dot = 0, dp = 0;
             for (int64_t x = 0; x < d; ++x) {
-              dot += q.at(row, hh * d + x) * K.at(krow, kh * d + x);
-              dp += dctx.at(row, hh * d + x) * V.at(krow, kh * d + x);
+              dot += qr[x] * kr[x];
+              dp += dor[x] * vr[x];
             }
             const double p = std::exp(dot * scale - lse.at(row, hh));
             const double ds = p * (dp - D) * scale;
+            double* dk_r = dkv->row(drow) + kh * d;
+            double* dv_r = dkv->row(drow) + kvw + kh * d;
             for (int64_t x = 0; x < d; ++x) {
-              dkv->at(drow, kvw + kh * d + x) += p * dctx.at(row, hh * d + x);
-              dq->at(row, hh * d + x) += ds * K.at(krow, kh * d + x);
-              dkv->at(drow, kh * d + x) += ds * q.at(row, hh * d + x);
+              dv_r[x] += p * dor[x];
+              dqr[x] += ds * kr[x];
+              dk_r[x] += ds * qr[x];
             }
           }
         }
       }
   }
 
-  /// Unfused attention: scores of this rank's queries against every key of the sequence
-  /// (rows (bi, head, query), columns key position), masked.
-  void scores(RankState& R, int layer, int mb, const Op& op) {
-    const Mat& q = need(R, layer, mb, Slot::q, op, "Q (qkv)");
-    Mat sc(b * al * sl, cp * sl, -INFINITY);
+  /// Unfused attention: scores of this lane's queries against every key of the sequence
+  /// (rows (sample, head, query), columns key position), masked.
+  void scores(Lane& L, int layer, int mb, const Op& op) {
+    const Mat& q = need(L, layer, mb, Slot::q, op, "Q (qkv)");
+    Mat sc(B * al * sl, cp * sl, -INFINITY);
     const int64_t group = al / gl;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (int64_t j = 0; j < cp; ++j) {
-      auto [K, V] = kv_block(R, layer, mb, j, op);
-      for (int64_t bi = 0; bi < b; ++bi)
+      const KV kv = kv_block(L, layer, mb, j, op);
+      for (int64_t bi = 0; bi < B; ++bi)
         for (int64_t hh = 0; hh < al; ++hh)
-          for (int64_t tq = 0; tq < sl; ++tq)
+          for (int64_t tq = 0; tq < sl; ++tq) {
+            const double* qr = q.row(bi * sl + tq) + hh * d;
             for (int64_t u = 0; u < sl; ++u) {
-              if (!allowed(R.c.cp * sl + tq, j * sl + u)) continue;
+              if (!allowed(L.cp * sl + tq, j * sl + u)) continue;
+              const double* kr = kv.k + (bi * sl + u) * kv.stride + (hh / group) * d;
               double dot = 0;
-              for (int64_t x = 0; x < d; ++x) dot += q.at(bi * sl + tq, hh * d + x) * K.at(bi * sl + u, (hh / group) * d + x);
+              for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
               sc.at((bi * al + hh) * sl + tq, j * sl + u) = dot * scale;
             }
+          }
     }
-    put(R, layer, mb, Slot::probs, std::move(sc));
+    put(L, layer, mb, Slot::probs, std::move(sc));
   }
-  void values(RankState& R, int layer, int mb, const Op& op) {
-    const Mat& p = need(R, layer, mb, Slot::probs, op, "the attention probabilities (softmax_dropout)");
-    Mat ctx(b * sl, al * d);
+  void values(Lane& L, int layer, int mb, const Op& op) {
+    const Mat& p = need(L, layer, mb, Slot::probs, op, "the attention probabilities (softmax_dropout)");
+    Mat ctx(B * sl, al * d);
     const int64_t group = al / gl;
     for (int64_t j = 0; j < cp; ++j) {
-      auto [K, V] = kv_block(R, layer, mb, j, op);
-      for (int64_t bi = 0; bi < b; ++bi)
+      const KV kv = kv_block(L, layer, mb, j, op);
+      for (int64_t bi = 0; bi < B; ++bi)
         for (int64_t hh = 0; hh < al; ++hh)
-          for (int64_t tq = 0; tq < sl; ++tq)
+          for (int64_t tq = 0; tq < sl; ++tq) {
+            double* cr = ctx.row(bi * sl + tq) + hh * d;
             for (int64_t u = 0; u < sl; ++u) {
               const double w = p.at((bi * al + hh) * sl + tq, j * sl + u);
-              for (int64_t x = 0; x < d; ++x) ctx.at(bi * sl + tq, hh * d + x) += w * V.at(bi * sl + u, (hh / group) * d + x);
+              const double* vr = kv.v + (bi * sl + u) * kv.stride + (hh / group) * d;
+              for (int64_t x = 0; x < d; ++x) cr[x] += w * vr[x];
             }
+          }
     }
-    finish_ctx(R, layer, mb, std::move(ctx), op);
+    finish_ctx(L, layer, mb, std::move(ctx), op);
   }
 
   // ------------------------------------------------------------------ helpers ---------
-  Reg& chain(RankState& R, const Op& op) { return R.cur[phase_ix(op.phase)]; }
-  Reg& expect(RankState& R, const Op& op, std::initializer_list<Tag> tags, const char* what, bool full_tokens) {
-    Reg& c = chain(R, op);
+  Reg& chain(Lane& L, const Op& op) { return L.cur[phase_ix(op.phase)]; }
+  Reg& expect(Lane& L, const Op& op, std::initializer_list<Tag> tags, const char* what, bool full_tokens) {
+    Reg& c = chain(L, op);
     bool ok = false;
     for (Tag tg : tags) ok = ok || c.tag == tg;
     if (!ok || c.m.empty()) die(op, fmt::format("consumes {}, which the chain does not hold here", what));
@@ -1568,8 +1924,8 @@ struct Interpreter::Impl {
       die(op, fmt::format("consumes {} while it is sequence-sharded (no TP AllGather)", what));
     return c;
   }
-  void set_chain(RankState& R, const Op& op, Mat m, Tag tag, bool partial, bool seq_shard) {
-    Reg& c = chain(R, op);
+  void set_chain(Lane& L, const Op& op, Mat m, Tag tag, bool partial, bool seq_shard) {
+    Reg& c = chain(L, op);
     c = Reg{};
     c.m = std::move(m);
     c.tag = tag;
@@ -1578,443 +1934,597 @@ struct Interpreter::Impl {
     c.partial = partial && t > 1;
     c.seq_shard = seq_shard;
   }
-  Mat weight(RankState& R, LK k, int layer, const Op& op) { return P(R, k, layer, op).value; }
   const double* wptr(RankState& R, LK k, int layer, const Op& op) { return P(R, k, layer, op).value.v.data(); }
-  double* gptr(RankState& R, LK k, int layer, int mb, const Op& op) {
-    note_write(R, k, layer, mb);
-    return P(R, k, layer, op).grad.v.data();
-  }
-  bool has(RankState& R, LK k, int layer) { return pindex(R, k, layer) >= 0; }
 
-  void norm_fwd(RankState& R, const Op& op, LK w, LK bb, Slot out, Tag tag) {
+  /// True when every replica of the lane holds bitwise the same value of parameter k (the
+  /// usual case; ZeRO shards not gathered yet, or a bug, make them differ). Then one kernel
+  /// over all rows of a stacked matrix gives every block exactly what its own parameter
+  /// would. Memoized until a parameter value of the stage changes (epoch).
+  bool uniform(Lane& L, LK k, int layer) {
+    if (nd == 1) return true;
+    const int pi = pindex(rep(L, 0), k, layer);
+    if (pi < 0) return false;  // P() reports it
+    const uint64_t now = epoch[sz(L.stage)];
+    if (L.seen[sz(pi)] == now) return L.same[sz(pi)] != 0;
+    L.seen[sz(pi)] = now;
+    const Doubles& v0 = rep(L, 0).params[sz(pi)].value.v;
+    uint8_t same = 1;
+    for (int64_t dd = 1; dd < nd && same == 1; ++dd) {
+      const Doubles& vd = rep(L, dd).params[sz(pi)].value.v;
+      if (vd.size() != v0.size() || std::memcmp(vd.data(), v0.data(), v0.size() * sizeof(double)) != 0) same = 0;
+    }
+    L.same[sz(pi)] = same;
+    return same != 0;
+  }
+
+  // Per-replica blocks of a lane's stacked token matrix: replica dd owns rows
+  // [dd * rows / nd, (dd + 1) * rows / nd) and uses its own parameters (one kernel over
+  // every row when they are uniform).
+  /// x W (each block with its replica's parameter k).
+  Mat linear(Lane& L, const Mat& x, LK k, int layer, const Op& op) {
+    if (uniform(L, k, layer)) {
+      const Mat& w = P(rep(L, 0), k, layer, op).value;
+      if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
+      Mat y = Mat::uninitialized(x.rows, w.cols);
+      gemm(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.cols, false);
+      return y;
+    }
+    const int64_t rr = x.rows / nd;
+    Mat y;
+    for (int64_t dd = 0; dd < nd; ++dd) {
+      const Mat& w = P(rep(L, dd), k, layer, op).value;
+      if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
+      if (dd == 0) y = Mat::uninitialized(x.rows, w.cols);
+      gemm(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.cols, false);
+    }
+    return y;
+  }
+  /// x W^T (each block with its replica's parameter k).
+  Mat linear_nt(Lane& L, const Mat& x, LK k, int layer, const Op& op) {
+    if (uniform(L, k, layer)) {
+      const Mat& w = P(rep(L, 0), k, layer, op).value;
+      if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
+      Mat y = Mat::uninitialized(x.rows, w.rows);
+      gemm_nt(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.rows, false);
+      return y;
+    }
+    const int64_t rr = x.rows / nd;
+    Mat y;
+    for (int64_t dd = 0; dd < nd; ++dd) {
+      const Mat& w = P(rep(L, dd), k, layer, op).value;
+      if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
+      if (dd == 0) y = Mat::uninitialized(x.rows, w.rows);
+      gemm_nt(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.rows, false);
+    }
+    return y;
+  }
+  /// Each replica's gradient of k += a^T g over its block (row by row into the gradient).
+  void wgrad(Lane& L, LK k, int layer, const Mat& a, const Mat& g, const Op& op) {
+    const int pi = lane_param(L, k, layer, op);
+    const GradView& g0 = rep(L, 0).params[sz(pi)].grad;
+    if (g0.rows != a.cols || g0.cols != g.cols || a.rows != g.rows)
+      die(op, fmt::format("the gradient of {} does not fit ({} x {})", lk_name(k), a.cols, g.cols));
+    const int64_t rr = a.rows / nd;
+    for (int64_t dd = 0; dd < nd; ++dd)
+      gemm_tn(a.row(dd * rr), g.row(dd * rr), lane_grad(L, pi, dd), rr, a.cols, g.cols, true);
+    note_write(L, pi, k, layer);
+  }
+  /// Adds each replica's bias k to its rows.
+  void add_bias(Lane& L, Mat& y, LK k, int layer, const Op& op) {
+    const int64_t rr = uniform(L, k, layer) ? y.rows : y.rows / nd;
+    for (int64_t dd = 0; dd < y.rows / rr; ++dd) {
+      const double* bias = wptr(rep(L, dd), k, layer, op);
+      for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i) {
+        double* yi = y.row(i);
+        for (int64_t j = 0; j < y.cols; ++j) yi[j] += bias[j];
+      }
+    }
+  }
+  /// Each replica's gradient of bias k += its block of g, row by row.
+  void bias_grad(Lane& L, LK k, int layer, const Mat& g, const Op& op) {
+    const int pi = lane_param(L, k, layer, op);
+    if (rep(L, 0).params[sz(pi)].grad.size() != g.cols)
+      die(op, fmt::format("the gradient of {} does not fit", lk_name(k)));
+    const int64_t rr = g.rows / nd;
+    for (int64_t dd = 0; dd < nd; ++dd) {
+      double* s = lane_grad(L, pi, dd);
+      for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i) {
+        const double* gi = g.row(i);
+        for (int64_t j = 0; j < g.cols; ++j) s[j] += gi[j];
+      }
+    }
+    note_write(L, pi, k, layer);
+  }
+
+  void norm_fwd(Lane& L, const Op& op, LK w, LK bb, Slot out, Tag tag) {
     const int layer = op.layer, mb = op.micro_batch;
     Mat x;
     if (op.phase == Phase::recompute && out == Slot::n1) {
-      x = need(R, layer, mb, Slot::x_in, op, "the layer input (checkpoint)");
+      x = need(L, layer, mb, Slot::x_in, op, "the layer input (checkpoint)");
     } else {
-      const Reg& c = expect(R, op, {Tag::stream, Tag::embed_out}, "the residual stream", false);
+      Reg& c = expect(L, op, {Tag::stream, Tag::embed_out}, "the residual stream", false);
       if (c.seq_shard != sp) die(op, sp ? "needs the sequence shard of the residual stream (sequence parallel)"
                                         : "needs the full residual stream");
-      x = c.m;
-      if (out == Slot::n1 && op.phase == Phase::forward) put(R, layer, mb, Slot::x_in, x);
+      x = std::move(c.m);  // the chain moves on to the norm's output
+      if (out == Slot::n1 && op.phase == Phase::forward) put(L, layer, mb, Slot::x_in, x);
     }
-    put(R, layer, mb, Slot::res, x);
+    const bool one = uniform(L, w, layer) && (!M.layernorm || uniform(L, bb, layer));
+    const int64_t rr = one ? x.rows : x.rows / nd;
     NormCache cache;
-    Mat y = norm_forward(x, wptr(R, w, layer, op), M.layernorm ? wptr(R, bb, layer, op) : nullptr, M.layernorm, cache);
-    put_norm(R, layer, mb, out, std::move(cache));
-    put(R, layer, mb, out, y);
-    set_chain(R, op, std::move(y), tag, false, sp);
+    cache.xhat = Mat::uninitialized(x.rows, x.cols);
+    cache.rstd.assign(sz(x.rows), 0.0);
+    Mat y = Mat::uninitialized(x.rows, x.cols);
+    for (int64_t dd = 0; dd < x.rows / rr; ++dd) {
+      RankState& R = rep(L, dd);
+      norm_forward_rows(x.row(dd * rr), rr, x.cols, wptr(R, w, layer, op),
+                        M.layernorm ? wptr(R, bb, layer, op) : nullptr, M.layernorm, y.row(dd * rr),
+                        cache.xhat.row(dd * rr), cache.rstd.data() + dd * rr);
+    }
+    put(L, layer, mb, Slot::res, std::move(x));
+    put_norm(L, layer, mb, out, std::move(cache));
+    put(L, layer, mb, out, y);
+    set_chain(L, op, std::move(y), tag, false, sp);
   }
-  Mat norm_bwd(RankState& R, const Op& op, LK w, LK bb, Slot cache_slot, Tag dtag) {
+  Mat norm_bwd(Lane& L, const Op& op, LK w, LK bb, Slot cache_slot, Tag dtag) {
     const int layer = op.layer, mb = op.micro_batch;
-    const Reg& c = expect(R, op, {dtag}, "the norm output gradient", false);
-    const NormCache* cache = find_norm(R, layer, mb, cache_slot);
+    const Reg& c = expect(L, op, {dtag}, "the norm output gradient", false);
+    const NormCache* cache = find_norm(L, layer, mb, cache_slot);
     if (!cache) die(op, "needs the norm's forward statistics, which were not kept or recomputed");
-    double* db = M.layernorm ? gptr(R, bb, layer, mb, op) : nullptr;
-    return norm_backward(c.m, wptr(R, w, layer, op), M.layernorm, *cache, gptr(R, w, layer, mb, op), db);
+    if (cache->xhat.rows != c.m.rows || cache->xhat.cols != c.m.cols)
+      die(op, "the norm's output gradient does not fit its forward statistics");
+    const int64_t rr = c.m.rows / nd;
+    const int pw = lane_param(L, w, layer, op), pb = M.layernorm ? lane_param(L, bb, layer, op) : -1;
+    const bool one = uniform(L, w, layer);
+    Mat dx(c.m.rows, c.m.cols);
+    for (int64_t dd = 0; dd < nd; ++dd) {
+      const double* wv = rep(L, one ? 0 : dd).params[sz(pw)].value.v.data();
+      norm_backward_rows(c.m.row(dd * rr), rr, c.m.cols, wv, M.layernorm, cache->xhat.row(dd * rr),
+                         cache->rstd.data() + dd * rr, lane_grad(L, pw, dd), pb >= 0 ? lane_grad(L, pb, dd) : nullptr,
+                         dx.row(dd * rr));
+    }
+    note_write(L, pw, w, layer);
+    if (pb >= 0) note_write(L, pb, bb, layer);
+    return dx;
   }
   /// The full-token input of a column-parallel layer for its weight gradient: re-gathered
   /// with sequence parallelism, the kept norm output otherwise.
-  const Mat& col_input(RankState& R, const Op& op, Slot norm_slot, Slot regathered, int layer) {
-    if (sp) return need(R, layer, op.micro_batch, regathered, op, "the re-gathered norm output (tp_allgather_input)");
-    return need(R, layer, op.micro_batch, norm_slot, op, "the norm output");
+  const Mat& col_input(Lane& L, const Op& op, Slot norm_slot, Slot regathered, int layer) {
+    if (sp) return need(L, layer, op.micro_batch, regathered, op, "the re-gathered norm output (tp_allgather_input)");
+    return need(L, layer, op.micro_batch, norm_slot, op, "the norm output");
   }
 
-  void layer_forward_done(RankState& R, int layer, int mb) {
+  void layer_forward_done(Lane& L, int layer, int mb) {
     const Recompute rc = plan.exp.layout.recompute;
-    drop(R, layer, mb, Slot::tmp_in);
+    drop(L, layer, mb, Slot::tmp_in);
     if (rc == Recompute::full) {
-      drop_layer(R, layer, mb, /*keep_input=*/true);
+      drop_layer(L, layer, mb, /*keep_input=*/true);
     } else if (rc == Recompute::selective) {
-      for (Slot s : {Slot::ctx, Slot::lse, Slot::probs}) drop(R, layer, mb, s);
+      for (Slot s : {Slot::ctx, Slot::lse, Slot::probs}) drop(L, layer, mb, s);
     }
   }
 
   // ------------------------------------------------------------------ compute ---------
-  void compute(RankState& R, Fn fn, const Op& op) {
-    const int L = op.layer, mb = op.micro_batch;
+  void compute(Lane& L, Fn fn, const Op& op) {
+    const int Ly = op.layer, mb = op.micro_batch;
     if (op.type == OpType::compute && zero == 3)  // ZeRO-3 frees gathered layers after use
-      for (auto it = R.materialized_layers.begin(); it != R.materialized_layers.end();) {
-        if (*it != L) {
-          for (auto& p : R.params)
-            if (p.layer == *it && p.z3) free_param(p);
-          it = R.materialized_layers.erase(it);
-        } else {
-          ++it;
+      for (int64_t dd = 0; dd < nd; ++dd) {
+        RankState& R = rep(L, dd);
+        for (auto it = R.materialized_layers.begin(); it != R.materialized_layers.end();) {
+          if (*it != Ly) {
+            for (auto& p : R.params)
+              if (p.layer == *it && p.z3) free_param(R, p);
+            it = R.materialized_layers.erase(it);
+          } else {
+            ++it;
+          }
         }
       }
     switch (fn) {
       // ---- forward ----
       case Fn::embedding: {
-        const Mat& word = P(R, LK::word, -1, op).value;
-        const Mat* pos = M.learned_pos ? &P(R, LK::pos, -1, op).value : nullptr;
-        Mat y(b * sl, h);
-        for (int64_t row = 0; row < b * sl; ++row) {
-          const int64_t tok = batch->tokens[data_index(R, mb, row, b * sl)] - R.c.tp * Vt;
-          if (tok >= 0 && tok < Vt)
-            for (int64_t j = 0; j < h; ++j) y.at(row, j) = word.at(tok, j);
-          if (pos && R.c.tp == 0)  // replicated positions: added once before the TP SUM
-            for (int64_t j = 0; j < h; ++j) y.at(row, j) += pos->at(pos_of(R, row, b * sl, false), j);
+        const int64_t rows = B * sl, rr = rows / nd;
+        Mat y(rows, h);
+        for (int64_t dd = 0; dd < nd; ++dd) {
+          RankState& R = rep(L, dd);
+          const Mat& word = P(R, LK::word, -1, op).value;
+          const Mat* pos = M.learned_pos ? &P(R, LK::pos, -1, op).value : nullptr;
+          for (int64_t row = dd * rr; row < (dd + 1) * rr; ++row) {
+            const int64_t tok = batch->tokens[data_index(L, mb, row, rows)] - L.tp * Vt;
+            double* yr = y.row(row);
+            if (tok >= 0 && tok < Vt)
+              for (int64_t j = 0; j < h; ++j) yr[j] = word.at(tok, j);
+            if (pos && L.tp == 0) {  // replicated positions: added once before the TP SUM
+              const double* pr = pos->row(pos_of(L, row, rows, false));
+              for (int64_t j = 0; j < h; ++j) yr[j] += pr[j];
+            }
+          }
         }
-        set_chain(R, op, std::move(y), Tag::embed_out, true, false);
+        set_chain(L, op, std::move(y), Tag::embed_out, true, false);
         break;
       }
-      case Fn::input_norm: norm_fwd(R, op, LK::ln1_w, LK::ln1_b, Slot::n1, Tag::norm1); break;
-      case Fn::post_attention_norm: norm_fwd(R, op, LK::ln2_w, LK::ln2_b, Slot::n2, Tag::norm2); break;
-      case Fn::final_norm: norm_fwd(R, op, LK::final_w, LK::final_b, Slot::nf, Tag::normf); break;
+      case Fn::input_norm: norm_fwd(L, op, LK::ln1_w, LK::ln1_b, Slot::n1, Tag::norm1); break;
+      case Fn::post_attention_norm: norm_fwd(L, op, LK::ln2_w, LK::ln2_b, Slot::n2, Tag::norm2); break;
+      case Fn::final_norm: norm_fwd(L, op, LK::final_w, LK::final_b, Slot::nf, Tag::normf); break;
       case Fn::qkv: {
-        const Reg& c = expect(R, op, {Tag::norm1}, "the input_norm output", true);
-        Mat y = matmul(c.m, weight(R, LK::qkv_w, L, op));
-        if (M.bias) add_row_vector(y, wptr(R, LK::qkv_b, L, op));
-        put(R, L, mb, Slot::q, col_range(y, 0, al * d));
-        put(R, L, mb, Slot::k, col_range(y, al * d, (al + gl) * d));
-        put(R, L, mb, Slot::v, col_range(y, (al + gl) * d, (al + 2 * gl) * d));
-        set_chain(R, op, Mat(), Tag::qkv, false, false);
-        chain(R, op).m = Mat(1, 1);  // marker: Q, K, V live in slots
+        const Reg& c = expect(L, op, {Tag::norm1}, "the input_norm output", true);
+        Mat y = linear(L, c.m, LK::qkv_w, Ly, op);
+        if (M.bias) add_bias(L, y, LK::qkv_b, Ly, op);
+        put(L, Ly, mb, Slot::q, col_range(y, 0, al * d));
+        put(L, Ly, mb, Slot::k, col_range(y, al * d, (al + gl) * d));
+        put(L, Ly, mb, Slot::v, col_range(y, (al + gl) * d, (al + 2 * gl) * d));
+        set_chain(L, op, Mat(1, 1), Tag::qkv, false, false);  // marker: Q, K, V live in slots
         break;
       }
       case Fn::rope: {
-        const auto pos = positions(R, b * sl, false);
-        rope_apply(need(R, L, mb, Slot::q, op, "Q"), al, d, pos, false);
-        rope_apply(need(R, L, mb, Slot::k, op, "K"), gl, d, pos, false);
+        const auto pos = positions(L, B * sl, false);
+        rope_apply(need(L, Ly, mb, Slot::q, op, "Q"), al, d, pos, false);
+        rope_apply(need(L, Ly, mb, Slot::k, op, "K"), gl, d, pos, false);
         break;
       }
       case Fn::attention:
         if (cp > 1) die(op, "unsplit attention with CP > 1: the other ranks' K/V blocks are never used");
-        online_init(R, L, mb);
-        online_block(R, L, mb, R.c.cp, op);
-        online_finish(R, L, mb, op);
+        online_init(L, Ly, mb);
+        online_block(L, Ly, mb, L.cp, op);
+        online_finish(L, Ly, mb, op);
         break;
       case Fn::attention_local:
-        online_init(R, L, mb);
-        online_block(R, L, mb, R.c.cp, op);
+        online_init(L, Ly, mb);
+        online_block(L, Ly, mb, L.cp, op);
         break;
       case Fn::attention_remote:
         for (int64_t j = 0; j < cp; ++j)
-          if (j != R.c.cp) online_block(R, L, mb, j, op);
-        online_finish(R, L, mb, op);
+          if (j != L.cp) online_block(L, Ly, mb, j, op);
+        online_finish(L, Ly, mb, op);
         break;
-      case Fn::attention_scores: scores(R, L, mb, op); break;
+      case Fn::attention_scores: scores(L, Ly, mb, op); break;
       case Fn::softmax_dropout: {
-        Mat& p = need(R, L, mb, Slot::probs, op, "the attention scores");
+        Mat& p = need(L, Ly, mb, Slot::probs, op, "the attention scores");
         for (int64_t i = 0; i < p.rows; ++i) {
+          double* pi = p.row(i);
           double mx = -INFINITY, z = 0;
-          for (int64_t j = 0; j < p.cols; ++j) mx = std::max(mx, p.at(i, j));
-          for (int64_t j = 0; j < p.cols; ++j) z += (p.at(i, j) = p.at(i, j) == -INFINITY ? 0.0 : std::exp(p.at(i, j) - mx));
-          for (int64_t j = 0; j < p.cols; ++j) p.at(i, j) /= z;
+          for (int64_t j = 0; j < p.cols; ++j) mx = std::max(mx, pi[j]);
+          for (int64_t j = 0; j < p.cols; ++j) z += (pi[j] = pi[j] == -INFINITY ? 0.0 : std::exp(pi[j] - mx));
+          for (int64_t j = 0; j < p.cols; ++j) pi[j] /= z;
         }
         break;
       }
-      case Fn::attention_values: values(R, L, mb, op); break;
+      case Fn::attention_values: values(L, Ly, mb, op); break;
       case Fn::out_proj: {
-        const Reg& c = expect(R, op, {Tag::ctx}, "the attention output", true);
-        set_chain(R, op, matmul(c.m, weight(R, LK::out_w, L, op)), Tag::attn_out, true, false);
+        const Reg& c = expect(L, op, {Tag::ctx}, "the attention output", true);
+        set_chain(L, op, linear(L, c.m, LK::out_w, Ly, op), Tag::attn_out, true, false);
         break;
       }
       case Fn::dropout_residual: {
-        Reg& c = expect(R, op, {Tag::attn_out, Tag::mlp_out}, "a row-parallel output", false);
+        Reg& c = expect(L, op, {Tag::attn_out, Tag::mlp_out}, "a row-parallel output", false);
         if (c.seq_shard != sp) die(op, sp ? "adds a full-sequence output to a sequence-shard residual (no ReduceScatter)"
                                           : "adds a sequence-sharded output to the full residual");
         const bool attn = c.tag == Tag::attn_out;
-        Mat x = need(R, L, mb, Slot::res, op, "the residual");
+        Mat x = std::move(need(L, Ly, mb, Slot::res, op, "the residual"));  // consumed here
+        drop(L, Ly, mb, Slot::res);
         add_into(x, c.m);
-        const LK bias = attn ? LK::out_b : LK::down_b;
-        if (M.bias) add_row_vector(x, wptr(R, bias, L, op));
-        R.tape[{L, mb}].push_back(c.tag);
-        set_chain(R, op, std::move(x), Tag::stream, false, sp);
-        if (!attn && op.phase == Phase::forward) layer_forward_done(R, L, mb);
+        if (M.bias) add_bias(L, x, attn ? LK::out_b : LK::down_b, Ly, op);
+        frame(L, Ly, mb, true)->tape.push_back(c.tag);
+        set_chain(L, op, std::move(x), Tag::stream, false, sp);
+        if (!attn && op.phase == Phase::forward) layer_forward_done(L, Ly, mb);
         break;
       }
       case Fn::mlp_up: {
-        const Reg& c = expect(R, op, {Tag::norm2}, "the post_attention_norm output", true);
-        put(R, L, mb, Slot::tmp_in, c.m);
-        Mat u = matmul(c.m, weight(R, LK::up_w, L, op));
-        if (M.bias) add_row_vector(u, wptr(R, LK::up_b, L, op));
-        put(R, L, mb, Slot::u, u);
-        set_chain(R, op, std::move(u), Tag::col_mlp, false, false);
+        const Reg& c = expect(L, op, {Tag::norm2}, "the post_attention_norm output", true);
+        if (M.swiglu) put(L, Ly, mb, Slot::tmp_in, c.m);  // for mlp_gate
+        Mat u = linear(L, c.m, LK::up_w, Ly, op);
+        if (M.bias) add_bias(L, u, LK::up_b, Ly, op);
+        put(L, Ly, mb, Slot::u, u);
+        set_chain(L, op, std::move(u), Tag::col_mlp, false, false);
         break;
       }
       case Fn::mlp_gate:
-        put(R, L, mb, Slot::g, matmul(need(R, L, mb, Slot::tmp_in, op, "the MLP input"), weight(R, LK::gate_w, L, op)));
+        put(L, Ly, mb, Slot::g, linear(L, need(L, Ly, mb, Slot::tmp_in, op, "the MLP input"), LK::gate_w, Ly, op));
         break;
       case Fn::gelu:
       case Fn::swiglu: {
-        expect(R, op, {Tag::col_mlp}, "the mlp_up output", true);
-        const Mat& u = need(R, L, mb, Slot::u, op, "the mlp_up output");
+        expect(L, op, {Tag::col_mlp}, "the mlp_up output", true);
+        const Mat& u = need(L, Ly, mb, Slot::u, op, "the mlp_up output");
         Mat a(u.rows, u.cols);
         if (fn == Fn::swiglu) {
-          const Mat& g = need(R, L, mb, Slot::g, op, "the mlp_gate output");
+          const Mat& g = need(L, Ly, mb, Slot::g, op, "the mlp_gate output");
           for (int64_t i = 0; i < u.size(); ++i) a.v[sz(i)] = silu(g.v[sz(i)]) * u.v[sz(i)];
         } else {
           for (int64_t i = 0; i < u.size(); ++i) a.v[sz(i)] = gelu(u.v[sz(i)]);
         }
-        put(R, L, mb, Slot::act, a);
-        set_chain(R, op, std::move(a), Tag::act, false, false);
+        put(L, Ly, mb, Slot::act, a);
+        set_chain(L, op, std::move(a), Tag::act, false, false);
         break;
       }
       case Fn::mlp_down: {
-        const Reg& c = expect(R, op, {Tag::act}, "the MLP activation", true);
-        set_chain(R, op, matmul(c.m, weight(R, LK::down_w, L, op)), Tag::mlp_out, true, false);
+        const Reg& c = expect(L, op, {Tag::act}, "the MLP activation", true);
+        set_chain(L, op, linear(L, c.m, LK::down_w, Ly, op), Tag::mlp_out, true, false);
         break;
       }
       case Fn::lm_head: {
-        const Reg& c = expect(R, op, {Tag::normf}, "the final_norm output", true);
-        put(R, -1, mb, Slot::logits, matmul_nt(c.m, weight(R, head_kind(), -1, op)));
-        set_chain(R, op, Mat(1, 1), Tag::logits, false, false);
+        const Reg& c = expect(L, op, {Tag::normf}, "the final_norm output", true);
+        put(L, -1, mb, Slot::logits, linear_nt(L, c.m, head_kind(), -1, op));
+        set_chain(L, op, Mat(1, 1), Tag::logits, false, false);
         break;
       }
       case Fn::cross_entropy: {
-        expect(R, op, {Tag::logits}, "the logits", true);
-        const Mat& lg = need(R, -1, mb, Slot::logits, op, "the logits");
+        expect(L, op, {Tag::logits}, "the logits", true);
+        const Mat& lg = need(L, -1, mb, Slot::logits, op, "the logits");
         Mat mx(lg.rows, 1, -INFINITY);
-        for (int64_t i = 0; i < lg.rows; ++i)
-          for (int64_t j = 0; j < lg.cols; ++j) mx.v[sz(i)] = std::max(mx.v[sz(i)], lg.at(i, j));
-        put(R, -1, mb, Slot::ce_a, std::move(mx));
-        R.ce_stage[mb] = 0;
+        for (int64_t i = 0; i < lg.rows; ++i) {
+          const double* li = lg.row(i);
+          for (int64_t j = 0; j < lg.cols; ++j) mx.v[sz(i)] = std::max(mx.v[sz(i)], li[j]);
+        }
+        put(L, -1, mb, Slot::ce_a, std::move(mx));
+        L.ce_stage[sz(mb)] = 0;
         if (t == 1)
-          for (int k = 0; k < 3; ++k) ce_after_reduce(R, mb, op);  // a TP group of one: local = global
-        set_chain(R, op, Mat(1, 1), Tag::ce, false, false);
+          for (int k = 0; k < 3; ++k) ce_after_reduce(L, mb, op);  // a TP group of one: local = global
+        set_chain(L, op, Mat(1, 1), Tag::ce, false, false);
         break;
       }
       // ---- backward ----
       case Fn::cross_entropy_bwd: {
-        if (R.ce_stage[mb] != 3)
-          die(op, fmt::format("needs the loss after 3 TP AllReduces (vocab-parallel cross entropy), found {}", R.ce_stage[mb]));
-        const Mat& lg = need(R, -1, mb, Slot::logits, op, "the logits");
-        const Mat& shift = *find(R, -1, mb, Slot::ce_shift);
-        const Mat& z = *find(R, -1, mb, Slot::ce_z);
-        const double scale = loss_scale(R, mb);
+        if (L.ce_stage[sz(mb)] != 3)
+          die(op, fmt::format("needs the loss after 3 TP AllReduces (vocab-parallel cross entropy), found {}",
+                              L.ce_stage[sz(mb)]));
+        const Mat& lg = need(L, -1, mb, Slot::logits, op, "the logits");
+        const Mat& shift = *find(L, -1, mb, Slot::ce_shift);
+        const Mat& z = *find(L, -1, mb, Slot::ce_z);
+        const int64_t rr = lg.rows / nd;
         Mat dl(lg.rows, lg.cols);
-        for (int64_t i = 0; i < lg.rows; ++i) {
-          const size_t di = data_index(R, mb, i, lg.rows);
-          if (!batch->valid[di]) continue;
-          for (int64_t j = 0; j < lg.cols; ++j) dl.at(i, j) = scale * std::exp(lg.at(i, j) - shift.v[sz(i)]) / z.v[sz(i)];
-          const int64_t y = batch->labels[di] - R.c.tp * Vt;
-          if (y >= 0 && y < Vt) dl.at(i, y) -= scale;
+        for (int64_t dd = 0; dd < nd; ++dd) {
+          const double scale = loss_scale(rep(L, dd), mb);
+          for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i) {
+            const size_t di = data_index(L, mb, i, lg.rows);
+            if (!batch->valid[di]) continue;
+            const double* li = lg.row(i);
+            double* dli = dl.row(i);
+            for (int64_t j = 0; j < lg.cols; ++j) dli[j] = scale * std::exp(li[j] - shift.v[sz(i)]) / z.v[sz(i)];
+            const int64_t y = batch->labels[di] - L.tp * Vt;
+            if (y >= 0 && y < Vt) dli[y] -= scale;
+          }
         }
-        put(R, -1, mb, Slot::dlogits, dl);
-        set_chain(R, op, std::move(dl), Tag::dlogits, false, false);
+        put(L, -1, mb, Slot::dlogits, dl);
+        set_chain(L, op, std::move(dl), Tag::dlogits, false, false);
         break;
       }
       case Fn::lm_head_dgrad: {
-        const Reg& c = expect(R, op, {Tag::dlogits}, "the logits gradient", true);
-        set_chain(R, op, matmul(c.m, weight(R, head_kind(), -1, op)), Tag::dnormf, true, false);
+        const Reg& c = expect(L, op, {Tag::dlogits}, "the logits gradient", true);
+        set_chain(L, op, linear(L, c.m, head_kind(), -1, op), Tag::dnormf, true, false);
         break;
       }
       case Fn::lm_head_wgrad:
-        grad_add(R, head_kind(), -1, mb,
-                 matmul_tn(need(R, -1, mb, Slot::dlogits, op, "the logits gradient"),
-                           col_input(R, op, Slot::nf, Slot::ref, -1)),
-                 op);
+        wgrad(L, head_kind(), -1, need(L, -1, mb, Slot::dlogits, op, "the logits gradient"),
+              col_input(L, op, Slot::nf, Slot::ref, -1), op);
         break;
       case Fn::final_norm_bwd: {
-        Mat dx = norm_bwd(R, op, LK::final_w, LK::final_b, Slot::nf, Tag::dnormf);
-        drop_layer(R, -1, mb, false);
-        set_chain(R, op, std::move(dx), Tag::stream, false, sp);
+        Mat dx = norm_bwd(L, op, LK::final_w, LK::final_b, Slot::nf, Tag::dnormf);
+        drop_layer(L, -1, mb, false);
+        set_chain(L, op, std::move(dx), Tag::stream, false, sp);
         break;
       }
       case Fn::dropout_residual_bwd: {
-        const Reg& c = expect(R, op, {Tag::stream}, "the residual-stream gradient", false);
-        auto& tape = R.tape[{L, mb}];
-        if (tape.empty()) die(op, "a residual backward with no matching forward branch (forward or recompute missing)");
-        const Tag branch = tape.back();
-        tape.pop_back();
-        put(R, L, mb, Slot::dx_stream, c.m);
-        if (M.bias) grad_add(R, branch == Tag::attn_out ? LK::out_b : LK::down_b, L, mb, col_sums(c.m), op);
-        Mat dm = c.m;
-        set_chain(R, op, std::move(dm), branch == Tag::attn_out ? Tag::d_attn_out : Tag::d_mlp_out, false, sp);
+        const Reg& c = expect(L, op, {Tag::stream}, "the residual-stream gradient", false);
+        Frame* f = frame(L, Ly, mb, false);
+        if (f == nullptr || f->tape.empty())
+          die(op, "a residual backward with no matching forward branch (forward or recompute missing)");
+        const Tag branch = f->tape.back();
+        f->tape.pop_back();
+        put(L, Ly, mb, Slot::dx_stream, c.m);
+        if (M.bias) bias_grad(L, branch == Tag::attn_out ? LK::out_b : LK::down_b, Ly, c.m, op);
+        Mat dm = std::move(c.m);  // the chain moves on to the branch's gradient
+        set_chain(L, op, std::move(dm), branch == Tag::attn_out ? Tag::d_attn_out : Tag::d_mlp_out, false, sp);
         break;
       }
       case Fn::mlp_down_dgrad: {
-        const Reg& c = expect(R, op, {Tag::d_mlp_out}, "the MLP output gradient", true);
-        put(R, L, mb, Slot::d_branch, c.m);
-        set_chain(R, op, matmul_nt(c.m, weight(R, LK::down_w, L, op)), Tag::d_act, false, false);
+        Reg& c = expect(L, op, {Tag::d_mlp_out}, "the MLP output gradient", true);
+        Mat da = linear_nt(L, c.m, LK::down_w, Ly, op);
+        put(L, Ly, mb, Slot::d_branch, std::move(c.m));
+        set_chain(L, op, std::move(da), Tag::d_act, false, false);
         break;
       }
       case Fn::mlp_down_wgrad:
-        grad_add(R, LK::down_w, L, mb,
-                 matmul_tn(need(R, L, mb, Slot::act, op, "the MLP activation"),
-                           need(R, L, mb, Slot::d_branch, op, "the MLP output gradient")),
-                 op);
+        wgrad(L, LK::down_w, Ly, need(L, Ly, mb, Slot::act, op, "the MLP activation"),
+              need(L, Ly, mb, Slot::d_branch, op, "the MLP output gradient"), op);
         break;
       case Fn::gelu_bwd:
       case Fn::swiglu_bwd: {
-        const Reg& c = expect(R, op, {Tag::d_act}, "the activation gradient", true);
-        const Mat& u = need(R, L, mb, Slot::u, op, "the mlp_up output");
+        const Reg& c = expect(L, op, {Tag::d_act}, "the activation gradient", true);
+        const Mat& u = need(L, Ly, mb, Slot::u, op, "the mlp_up output");
         Mat du(u.rows, u.cols);
         if (fn == Fn::swiglu_bwd) {
-          const Mat& g = need(R, L, mb, Slot::g, op, "the mlp_gate output");
+          const Mat& g = need(L, Ly, mb, Slot::g, op, "the mlp_gate output");
           Mat dg(u.rows, u.cols);
           for (int64_t i = 0; i < u.size(); ++i) {
             du.v[sz(i)] = c.m.v[sz(i)] * silu(g.v[sz(i)]);
             dg.v[sz(i)] = c.m.v[sz(i)] * u.v[sz(i)] * silu_grad(g.v[sz(i)]);
           }
-          put(R, L, mb, Slot::dg, std::move(dg));
+          put(L, Ly, mb, Slot::dg, std::move(dg));
         } else {
           for (int64_t i = 0; i < u.size(); ++i) du.v[sz(i)] = c.m.v[sz(i)] * gelu_grad(u.v[sz(i)]);
         }
-        put(R, L, mb, Slot::du, du);
-        set_chain(R, op, std::move(du), Tag::d_col_mlp, false, false);
+        put(L, Ly, mb, Slot::du, du);
+        set_chain(L, op, std::move(du), Tag::d_col_mlp, false, false);
         break;
       }
       case Fn::mlp_up_dgrad: {
-        const Reg& c = expect(R, op, {Tag::d_col_mlp}, "the mlp_up output gradient", true);
-        Mat dn = matmul_nt(c.m, weight(R, LK::up_w, L, op));
-        if (M.swiglu) add_into(dn, matmul_nt(need(R, L, mb, Slot::dg, op, "the gate gradient"), weight(R, LK::gate_w, L, op)));
-        set_chain(R, op, std::move(dn), Tag::dnorm2, true, false);
+        const Reg& c = expect(L, op, {Tag::d_col_mlp}, "the mlp_up output gradient", true);
+        Mat dn = linear_nt(L, c.m, LK::up_w, Ly, op);
+        if (M.swiglu)
+          add_into(dn, linear_nt(L, need(L, Ly, mb, Slot::dg, op, "the gate gradient"), LK::gate_w, Ly, op));
+        set_chain(L, op, std::move(dn), Tag::dnorm2, true, false);
         break;
       }
       case Fn::mlp_up_wgrad: {
-        const Mat& in = col_input(R, op, Slot::n2, Slot::re2, L);
-        const Mat& du = need(R, L, mb, Slot::du, op, "the mlp_up output gradient");
-        grad_add(R, LK::up_w, L, mb, matmul_tn(in, du), op);
-        if (M.bias) grad_add(R, LK::up_b, L, mb, col_sums(du), op);
-        if (M.swiglu) grad_add(R, LK::gate_w, L, mb, matmul_tn(in, need(R, L, mb, Slot::dg, op, "the gate gradient")), op);
+        const Mat& in = col_input(L, op, Slot::n2, Slot::re2, Ly);
+        const Mat& du = need(L, Ly, mb, Slot::du, op, "the mlp_up output gradient");
+        wgrad(L, LK::up_w, Ly, in, du, op);
+        if (M.bias) bias_grad(L, LK::up_b, Ly, du, op);
+        if (M.swiglu) wgrad(L, LK::gate_w, Ly, in, need(L, Ly, mb, Slot::dg, op, "the gate gradient"), op);
         break;
       }
       case Fn::post_attention_norm_bwd:
       case Fn::input_norm_bwd: {
         const bool ln2 = fn == Fn::post_attention_norm_bwd;
-        Mat dx = norm_bwd(R, op, ln2 ? LK::ln2_w : LK::ln1_w, ln2 ? LK::ln2_b : LK::ln1_b, ln2 ? Slot::n2 : Slot::n1,
+        Mat dx = norm_bwd(L, op, ln2 ? LK::ln2_w : LK::ln1_w, ln2 ? LK::ln2_b : LK::ln1_b, ln2 ? Slot::n2 : Slot::n1,
                           ln2 ? Tag::dnorm2 : Tag::dnorm1);
-        add_into(dx, need(R, L, mb, Slot::dx_stream, op, "the residual-stream gradient"));
+        add_into(dx, need(L, Ly, mb, Slot::dx_stream, op, "the residual-stream gradient"));
         if (ln2) {
-          put(R, L, mb, Slot::dx_stream, dx);
+          put(L, Ly, mb, Slot::dx_stream, dx);
         } else {
-          drop_layer(R, L, mb, false);
+          drop_layer(L, Ly, mb, false);
         }
-        set_chain(R, op, std::move(dx), Tag::stream, false, sp);
+        set_chain(L, op, std::move(dx), Tag::stream, false, sp);
         break;
       }
       case Fn::out_proj_dgrad: {
-        const Reg& c = expect(R, op, {Tag::d_attn_out}, "the out_proj output gradient", true);
-        put(R, L, mb, Slot::d_branch, c.m);
-        Mat dctx = matmul_nt(c.m, weight(R, LK::out_w, L, op));
-        put(R, L, mb, Slot::dctx, dctx);
-        set_chain(R, op, std::move(dctx), Tag::d_ctx, false, false);
+        Reg& c = expect(L, op, {Tag::d_attn_out}, "the out_proj output gradient", true);
+        Mat dctx = linear_nt(L, c.m, LK::out_w, Ly, op);
+        put(L, Ly, mb, Slot::d_branch, std::move(c.m));
+        put(L, Ly, mb, Slot::dctx, dctx);
+        set_chain(L, op, std::move(dctx), Tag::d_ctx, false, false);
         break;
       }
       case Fn::out_proj_wgrad:
-        grad_add(R, LK::out_w, L, mb,
-                 matmul_tn(need(R, L, mb, Slot::ctx, op, "the attention output (forward or recompute)"),
-                           need(R, L, mb, Slot::d_branch, op, "the out_proj output gradient")),
-                 op);
+        wgrad(L, LK::out_w, Ly, need(L, Ly, mb, Slot::ctx, op, "the attention output (forward or recompute)"),
+              need(L, Ly, mb, Slot::d_branch, op, "the out_proj output gradient"), op);
         break;
       case Fn::attention_bwd:
         if (cp > 1) die(op, "unsplit attention backward with CP > 1");
-        flash_bwd_block(R, L, mb, R.c.cp, op);
-        attention_bwd_done(R, op);
+        flash_bwd_block(L, Ly, mb, L.cp, op);
+        attention_bwd_done(L, op);
         break;
       case Fn::attention_bwd_local:
-        flash_bwd_block(R, L, mb, R.c.cp, op);
+        flash_bwd_block(L, Ly, mb, L.cp, op);
         break;
       case Fn::attention_bwd_remote:
         for (int64_t j = 0; j < cp; ++j)
-          if (j != R.c.cp) flash_bwd_block(R, L, mb, j, op);
-        attention_bwd_done(R, op);
+          if (j != L.cp) flash_bwd_block(L, Ly, mb, j, op);
+        attention_bwd_done(L, op);
         break;
       case Fn::attention_values_bwd: {
-        const Mat& p = need(R, L, mb, Slot::probs, op, "the attention probabilities (forward or recompute)");
-        const Mat& dctx = need(R, L, mb, Slot::dctx, op, "the attention output gradient");
+        const Mat& p = need(L, Ly, mb, Slot::probs, op, "the attention probabilities (forward or recompute)");
+        const Mat& dctx = need(L, Ly, mb, Slot::dctx, op, "the attention output gradient");
         Mat dp(p.rows, p.cols);
-        Mat dkv(cp * b * sl, 2 * gl * d);
+        Mat dkv(cp * B * sl, 2 * gl * d);
         const int64_t group = al / gl, kvw = gl * d;
         for (int64_t j = 0; j < cp; ++j) {
-          auto [K, V] = kv_block(R, L, mb, j, op);
-          for (int64_t bi = 0; bi < b; ++bi)
+          const KV kv = kv_block(L, Ly, mb, j, op);
+          for (int64_t bi = 0; bi < B; ++bi)
             for (int64_t hh = 0; hh < al; ++hh)
-              for (int64_t tq = 0; tq < sl; ++tq)
+              for (int64_t tq = 0; tq < sl; ++tq) {
+                const double* dor = dctx.row(bi * sl + tq) + hh * d;
                 for (int64_t u = 0; u < sl; ++u) {
                   const int64_t prow = (bi * al + hh) * sl + tq, col = j * sl + u, kh = hh / group;
+                  const double* vr = kv.v + (bi * sl + u) * kv.stride + kh * d;
+                  double* dvr = dkv.row(j * B * sl + bi * sl + u) + kvw + kh * d;
+                  const double pw = p.at(prow, col);
                   double x = 0;
                   for (int64_t e = 0; e < d; ++e) {
-                    x += dctx.at(bi * sl + tq, hh * d + e) * V.at(bi * sl + u, kh * d + e);
-                    dkv.at(j * b * sl + bi * sl + u, kvw + kh * d + e) += p.at(prow, col) * dctx.at(bi * sl + tq, hh * d + e);
+                    x += dor[e] * vr[e];
+                    dvr[e] += pw * dor[e];
                   }
                   dp.at(prow, col) = x;
                 }
+              }
         }
-        put(R, L, mb, Slot::dprobs, std::move(dp));
-        put(R, L, mb, Slot::dkv_all, std::move(dkv));
+        put(L, Ly, mb, Slot::dprobs, std::move(dp));
+        put(L, Ly, mb, Slot::dkv_all, std::move(dkv));
         break;
       }
       case Fn::softmax_dropout_bwd: {
-        const Mat& p = need(R, L, mb, Slot::probs, op, "the attention probabilities");
-        Mat& dp = need(R, L, mb, Slot::dprobs, op, "the probabilities gradient (attention_values_bwd)");
+        const Mat& p = need(L, Ly, mb, Slot::probs, op, "the attention probabilities");
+        Mat& dp = need(L, Ly, mb, Slot::dprobs, op, "the probabilities gradient (attention_values_bwd)");
         for (int64_t i = 0; i < p.rows; ++i) {
+          const double* pi = p.row(i);
+          double* di = dp.row(i);
           double s = 0;
-          for (int64_t j = 0; j < p.cols; ++j) s += p.at(i, j) * dp.at(i, j);
-          for (int64_t j = 0; j < p.cols; ++j) dp.at(i, j) = p.at(i, j) * (dp.at(i, j) - s);
+          for (int64_t j = 0; j < p.cols; ++j) s += pi[j] * di[j];
+          for (int64_t j = 0; j < p.cols; ++j) di[j] = pi[j] * (di[j] - s);
         }
         break;
       }
       case Fn::attention_scores_bwd: {
-        const Mat& q = need(R, L, mb, Slot::q, op, "Q");
-        const Mat& ds = need(R, L, mb, Slot::dprobs, op, "the scores gradient (softmax_dropout_bwd)");
-        Mat& dkv = need(R, L, mb, Slot::dkv_all, op, "dV (attention_values_bwd)");
-        Mat dq(b * sl, al * d);
+        const Mat& q = need(L, Ly, mb, Slot::q, op, "Q");
+        const Mat& ds = need(L, Ly, mb, Slot::dprobs, op, "the scores gradient (softmax_dropout_bwd)");
+        Mat& dkv = need(L, Ly, mb, Slot::dkv_all, op, "dV (attention_values_bwd)");
+        Mat dq(B * sl, al * d);
         const int64_t group = al / gl;
         const double scale = 1.0 / std::sqrt(static_cast<double>(d));
         for (int64_t j = 0; j < cp; ++j) {
-          auto [K, V] = kv_block(R, L, mb, j, op);
-          for (int64_t bi = 0; bi < b; ++bi)
+          const KV kv = kv_block(L, Ly, mb, j, op);
+          for (int64_t bi = 0; bi < B; ++bi)
             for (int64_t hh = 0; hh < al; ++hh)
-              for (int64_t tq = 0; tq < sl; ++tq)
+              for (int64_t tq = 0; tq < sl; ++tq) {
+                const double* qr = q.row(bi * sl + tq) + hh * d;
+                double* dqr = dq.row(bi * sl + tq) + hh * d;
                 for (int64_t u = 0; u < sl; ++u) {
                   const double g = ds.at((bi * al + hh) * sl + tq, j * sl + u) * scale;
                   if (g == 0) continue;
                   const int64_t kh = hh / group;
+                  const double* kr = kv.k + (bi * sl + u) * kv.stride + kh * d;
+                  double* dkr = dkv.row(j * B * sl + bi * sl + u) + kh * d;
                   for (int64_t e = 0; e < d; ++e) {
-                    dq.at(bi * sl + tq, hh * d + e) += g * K.at(bi * sl + u, kh * d + e);
-                    dkv.at(j * b * sl + bi * sl + u, kh * d + e) += g * q.at(bi * sl + tq, hh * d + e);
+                    dqr[e] += g * kr[e];
+                    dkr[e] += g * qr[e];
                   }
                 }
+              }
         }
-        put(R, L, mb, Slot::dq, std::move(dq));
-        drop(R, L, mb, Slot::dprobs);
-        attention_bwd_done(R, op);
+        put(L, Ly, mb, Slot::dq, std::move(dq));
+        drop(L, Ly, mb, Slot::dprobs);
+        attention_bwd_done(L, op);
         break;
       }
       case Fn::rope_bwd: {
-        const auto pos = positions(R, b * sl, false);
-        rope_apply(need(R, L, mb, Slot::dq, op, "dQ"), al, d, pos, true);
-        rope_apply(need(R, L, mb, Slot::dk, op, "dK (after cp_dkv_reducescatter)"), gl, d, pos, true);
+        const auto pos = positions(L, B * sl, false);
+        rope_apply(need(L, Ly, mb, Slot::dq, op, "dQ"), al, d, pos, true);
+        rope_apply(need(L, Ly, mb, Slot::dk, op, "dK (after cp_dkv_reducescatter)"), gl, d, pos, true);
         break;
       }
       case Fn::qkv_dgrad: {
-        expect(R, op, {Tag::d_qkv}, "dQ, dK, dV", true);
-        const Mat& dq = need(R, L, mb, Slot::dq, op, "dQ");
-        const Mat& dk = need(R, L, mb, Slot::dk, op, "dK at its owner (cp_dkv_reducescatter)");
-        const Mat& dv = need(R, L, mb, Slot::dv, op, "dV at its owner (cp_dkv_reducescatter)");
-        Mat dqkv(b * sl, (al + 2 * gl) * d);
+        expect(L, op, {Tag::d_qkv}, "dQ, dK, dV", true);
+        const Mat& dq = need(L, Ly, mb, Slot::dq, op, "dQ");
+        const Mat& dk = need(L, Ly, mb, Slot::dk, op, "dK at its owner (cp_dkv_reducescatter)");
+        const Mat& dv = need(L, Ly, mb, Slot::dv, op, "dV at its owner (cp_dkv_reducescatter)");
+        Mat dqkv(B * sl, (al + 2 * gl) * d);
         set_col_range(dqkv, 0, dq);
         set_col_range(dqkv, al * d, dk);
         set_col_range(dqkv, (al + gl) * d, dv);
-        put(R, L, mb, Slot::dqkv, dqkv);
-        set_chain(R, op, matmul_nt(dqkv, weight(R, LK::qkv_w, L, op)), Tag::dnorm1, true, false);
+        Mat dn = linear_nt(L, dqkv, LK::qkv_w, Ly, op);
+        put(L, Ly, mb, Slot::dqkv, std::move(dqkv));
+        set_chain(L, op, std::move(dn), Tag::dnorm1, true, false);
         break;
       }
       case Fn::qkv_wgrad: {
-        const Mat& dqkv = need(R, L, mb, Slot::dqkv, op, "dQ, dK, dV (qkv_dgrad)");
-        grad_add(R, LK::qkv_w, L, mb, matmul_tn(col_input(R, op, Slot::n1, Slot::re1, L), dqkv), op);
-        if (M.bias) grad_add(R, LK::qkv_b, L, mb, col_sums(dqkv), op);
+        const Mat& dqkv = need(L, Ly, mb, Slot::dqkv, op, "dQ, dK, dV (qkv_dgrad)");
+        wgrad(L, LK::qkv_w, Ly, col_input(L, op, Slot::n1, Slot::re1, Ly), dqkv, op);
+        if (M.bias) bias_grad(L, LK::qkv_b, Ly, dqkv, op);
         break;
       }
       case Fn::embedding_bwd: {
-        const Reg& c = expect(R, op, {Tag::stream}, "the embedding output gradient", true);
-        LocalParam& word = P(R, LK::word, -1, op);
-        for (int64_t row = 0; row < c.m.rows; ++row) {
-          const int64_t tok = batch->tokens[data_index(R, mb, row, c.m.rows)] - R.c.tp * Vt;
-          if (tok >= 0 && tok < Vt)
-            for (int64_t j = 0; j < h; ++j) word.grad.at(tok, j) += c.m.at(row, j);
+        const Reg& c = expect(L, op, {Tag::stream}, "the embedding output gradient", true);
+        const int64_t rows = c.m.rows, rr = rows / nd;
+        const int pw = lane_param(L, LK::word, -1, op), pps = M.learned_pos ? lane_param(L, LK::pos, -1, op) : -1;
+        for (int64_t dd = 0; dd < nd; ++dd) {
+          double* gw = lane_grad(L, pw, dd);
+          for (int64_t row = dd * rr; row < (dd + 1) * rr; ++row) {
+            const int64_t tok = batch->tokens[data_index(L, mb, row, rows)] - L.tp * Vt;
+            if (tok >= 0 && tok < Vt) {
+              const double* cr = c.m.row(row);
+              for (int64_t j = 0; j < h; ++j) gw[tok * h + j] += cr[j];
+            }
+          }
+          if (pps >= 0) {
+            double* gp = lane_grad(L, pps, dd);
+            for (int64_t row = dd * rr; row < (dd + 1) * rr; ++row) {
+              const int64_t ps = pos_of(L, row, rows, false);
+              const double* cr = c.m.row(row);
+              for (int64_t j = 0; j < h; ++j) gp[ps * h + j] += cr[j];
+            }
+          }
         }
-        note_write(R, LK::word, -1, mb);
-        if (M.learned_pos) {
-          LocalParam& pos = P(R, LK::pos, -1, op);
-          for (int64_t row = 0; row < c.m.rows; ++row)
-            for (int64_t j = 0; j < h; ++j) pos.grad.at(pos_of(R, row, c.m.rows, false), j) += c.m.at(row, j);
-          note_write(R, LK::pos, -1, mb);
-        }
+        note_write(L, pw, LK::word, -1);
+        if (pps >= 0) note_write(L, pps, LK::pos, -1);
         break;
       }
       default:
@@ -2022,17 +2532,17 @@ struct Interpreter::Impl {
     }
   }
 
-  void attention_bwd_done(RankState& R, const Op& op) {
-    const int L = op.layer, mb = op.micro_batch;
+  void attention_bwd_done(Lane& L, const Op& op) {
+    const int Ly = op.layer, mb = op.micro_batch;
     if (cp > 1)
-      compare_tokens(kCP, need(R, L, mb, Slot::dq, op, "dQ"), Probe::dq, L, R, mb, false, R.c.tp * al * d,
+      compare_tokens(kCP, need(L, Ly, mb, Slot::dq, op, "dQ"), Probe::dq, Ly, L, mb, false, L.tp * al * d,
                      "dQ after attention backward", true);
     if (cp == 1) {
-      const Mat& dkv = need(R, L, mb, Slot::dkv_all, op, "dK/dV");
-      put(R, L, mb, Slot::dk, col_range(dkv, 0, gl * d));
-      put(R, L, mb, Slot::dv, col_range(dkv, gl * d, 2 * gl * d));
+      const Mat& dkv = need(L, Ly, mb, Slot::dkv_all, op, "dK/dV");
+      put(L, Ly, mb, Slot::dk, col_range(dkv, 0, gl * d));
+      put(L, Ly, mb, Slot::dv, col_range(dkv, gl * d, 2 * gl * d));
     }
-    set_chain(R, op, Mat(1, 1), Tag::d_qkv, false, false);
+    set_chain(L, op, Mat(1, 1), Tag::d_qkv, false, false);
   }
 
   // ------------------------------------------------------------------ optimizer -------
@@ -2105,6 +2615,7 @@ struct Interpreter::Impl {
           p.value.v[sz(elems[k])] = res.params[k];
           p.fresh[sz(elems[k])] = 1;
         }
+        ++epoch[sz(st)];
       }
     }
     if (local) {  // the bug's "sync": parameters averaged over DP x CP after local steps
@@ -2113,10 +2624,11 @@ struct Interpreter::Impl {
         for (size_t p = 0; p < np; ++p) {
           if (ranks[sz(g.front())].params[p].z3) continue;
           std::vector<Vector> in;
-          for (int64_t r : g) in.push_back(ranks[sz(r)].params[p].value.v);
+          for (int64_t r : g) in.push_back(vec(ranks[sz(r)].params[p].value.v));
           const auto out = refmath::all_reduce(in, refmath::ReduceOp::avg);
           for (size_t i = 0; i < g.size(); ++i) {
-            ranks[sz(g[i])].params[p].value.v = out[i];
+            set(ranks[sz(g[i])].params[p].value.v, out[i]);
+            ++epoch[sz(st)];
             std::fill(ranks[sz(g[i])].params[p].fresh.begin(), ranks[sz(g[i])].params[p].fresh.end(), 1);
           }
         }
@@ -2154,7 +2666,7 @@ struct Interpreter::Impl {
       case Fn::optimizer_adam: optimizer(st, op); return;
       default:
         if (op.type != OpType::compute) die(op, "is a compute name on a non-compute op");
-        for (int64_t r : stage_ranks[sz(st)]) compute(ranks[sz(r)], fn, op);
+        for (int li : stage_lanes[sz(st)]) compute(lanes[sz(li)], fn, op);
     }
   }
 
@@ -2171,11 +2683,17 @@ struct Interpreter::Impl {
       pending[sz(st)].clear();
     }
     mail.clear();
+    for (auto& L : lanes) {
+      for (Frame*& f : L.frames)
+        if (f != nullptr) {
+          f->reset();
+          frame_free.push_back(f);
+          f = nullptr;
+        }
+      std::fill(L.ce_stage.begin(), L.ce_stage.end(), 0);
+      for (auto& c : L.cur) c = Reg{};
+    }
     for (auto& R : ranks) {
-      R.frames.clear();
-      R.tape.clear();
-      R.ce_stage.clear();
-      for (auto& c : R.cur) c = Reg{};
       R.loss_scaled = 0;
       for (auto& p : R.params) {
         std::fill(p.grad.v.begin(), p.grad.v.end(), 0.0);
@@ -2230,7 +2748,9 @@ struct Interpreter::Impl {
       if (!pending[sz(st)].empty())
         problem(fmt::format("stage {}: {} issued collective(s) never waited for", st, pending[sz(st)].size()));
     for (const auto& [k, q] : mail)
-      if (!q.empty()) problem(fmt::format("rank {} -> {}: {} P2P message(s) never received", std::get<0>(k), std::get<1>(k), q.size()));
+      if (!q.empty())
+        problem(fmt::format("stage {} -> {}: {} P2P message(s) never received", lanes[sz(std::get<0>(k))].stage,
+                            lanes[sz(std::get<1>(k))].stage, q.size()));
     // Loss: each last-stage rank of TP rank 0 holds sum(l) x |DPxCP| / N of its tokens.
     double loss = 0;
     for (int64_t r : stage_ranks[sz(pp - 1)])

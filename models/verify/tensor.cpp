@@ -1,7 +1,9 @@
 #include "models/verify/tensor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "models/errors.hpp"
 
@@ -17,49 +19,228 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+constexpr size_t kPoolGrain = 16;
+constexpr size_t kSmallClasses = kPoolMaxBytes / kPoolGrain + 1;
+// Larger blocks (the reference step's whole-batch matrices) in power-of-two classes
+// above kPoolMaxBytes, up to 2^kMaxLog2 bytes; beyond that, operator new.
+constexpr int kMaxLog2 = 30;
+constexpr size_t kPoolClasses = kSmallClasses + kMaxLog2 + 1;
+
+/// Set when this thread's pool is gone (thread exit): blocks freed later, e.g. by static
+/// objects destroyed after thread-local ones, go straight to operator delete.
+thread_local bool t_pool_gone = false;
+
+/// Free blocks of each size class, linked through their first bytes.
+struct Pool {
+  void* head[kPoolClasses] = {};
+  ~Pool() {
+    release();
+    t_pool_gone = true;
+  }
+  void release() noexcept {
+    for (size_t c = 0; c < kPoolClasses; ++c)
+      while (head[c] != nullptr) {
+        void* p = head[c];
+        head[c] = *static_cast<void**>(p);
+        ::operator delete(p);
+      }
+  }
+};
+thread_local Pool t_pool;
+
+/// The class of a block of `bytes` and the bytes it really holds; {kPoolClasses, bytes}
+/// when too large for the pool.
+std::pair<size_t, size_t> pool_class(size_t bytes) {
+  if (bytes <= kPoolMaxBytes) {
+    const size_t c = (bytes + kPoolGrain - 1) / kPoolGrain;
+    return {c, c * kPoolGrain};
+  }
+  int lg = 0;
+  while ((size_t{1} << lg) < bytes) ++lg;
+  if (lg > kMaxLog2) return {kPoolClasses, bytes};
+  return {kSmallClasses + static_cast<size_t>(lg), size_t{1} << lg};
+}
+
+}  // namespace
+
+void* pool_allocate(size_t bytes) {
+  if (bytes == 0) return ::operator new(1);
+  const auto [c, held] = pool_class(bytes);
+  if (c >= kPoolClasses || t_pool_gone) return ::operator new(held);
+  void*& head = t_pool.head[c];
+  if (head == nullptr) return ::operator new(held);
+  void* p = head;
+  head = *static_cast<void**>(p);
+  return p;
+}
+
+void pool_deallocate(void* p, size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (bytes == 0) {
+    ::operator delete(p);
+    return;
+  }
+  const size_t c = pool_class(bytes).first;
+  if (c >= kPoolClasses || t_pool_gone) {
+    ::operator delete(p);
+    return;
+  }
+  void*& head = t_pool.head[c];
+  *static_cast<void**>(p) = head;
+  head = p;
+}
+
+void pool_release() noexcept { t_pool.release(); }
+
 Mat::Mat(int64_t r, int64_t c, double fill) : rows(r), cols(c), v(static_cast<size_t>(r * c), fill) {}
+
+Mat Mat::uninitialized(int64_t r, int64_t c) {
+  Mat m;
+  m.rows = r;
+  m.cols = c;
+  m.v.resize(static_cast<size_t>(r * c));  // PoolAllocator::construct: default-initialized
+  return m;
+}
+
+void reduce_buffers(const double* const* in, size_t n, size_t len, Reduce op, double* out) {
+  if (op == Reduce::max) {
+    std::copy(in[0], in[0] + len, out);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t i = 0; i < len; ++i) out[i] = std::max(out[i], in[r][i]);
+    return;
+  }
+  std::fill(out, out + len, 0.0);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t i = 0; i < len; ++i) out[i] += in[r][i];
+  if (op == Reduce::avg)
+    for (size_t i = 0; i < len; ++i) out[i] /= static_cast<double>(n);
+}
+
+// The kernels keep four output elements in registers at a time (four independent chains
+// of additions); each element still adds its k terms in order p = 0, 1, ..., starting
+// from 0 (or from c when accumulating), so results do not depend on the blocking.
+void gemm(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    const double* ai = a + i * k;
+    double* ci = c + i * n;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      double s0 = accumulate ? ci[j] : 0.0, s1 = accumulate ? ci[j + 1] : 0.0;
+      double s2 = accumulate ? ci[j + 2] : 0.0, s3 = accumulate ? ci[j + 3] : 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ai[p];
+        const double* bp = b + p * n + j;
+        s0 += x * bp[0];
+        s1 += x * bp[1];
+        s2 += x * bp[2];
+        s3 += x * bp[3];
+      }
+      ci[j] = s0;
+      ci[j + 1] = s1;
+      ci[j + 2] = s2;
+      ci[j + 3] = s3;
+    }
+    for (; j < n; ++j) {
+      double s = accumulate ? ci[j] : 0.0;
+      for (int64_t p = 0; p < k; ++p) s += ai[p] * b[p * n + j];
+      ci[j] = s;
+    }
+  }
+}
+
+void gemm_tn(const double* a, const double* b, double* c, int64_t k, int64_t m, int64_t n, bool accumulate) {
+  if (k > 64) {  // long sums: stream the rows of a and b (same order of additions)
+    if (!accumulate) std::fill(c, c + m * n, 0.0);
+    for (int64_t p = 0; p < k; ++p) {
+      const double* ap = a + p * m;
+      const double* bp = b + p * n;
+      for (int64_t i = 0; i < m; ++i) {
+        const double api = ap[i];
+        double* ci = c + i * n;
+        for (int64_t j = 0; j < n; ++j) ci[j] += api * bp[j];
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    double* ci = c + i * n;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      double s0 = accumulate ? ci[j] : 0.0, s1 = accumulate ? ci[j + 1] : 0.0;
+      double s2 = accumulate ? ci[j + 2] : 0.0, s3 = accumulate ? ci[j + 3] : 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = a[p * m + i];
+        const double* bp = b + p * n + j;
+        s0 += x * bp[0];
+        s1 += x * bp[1];
+        s2 += x * bp[2];
+        s3 += x * bp[3];
+      }
+      ci[j] = s0;
+      ci[j + 1] = s1;
+      ci[j + 2] = s2;
+      ci[j + 3] = s3;
+    }
+    for (; j < n; ++j) {
+      double s = accumulate ? ci[j] : 0.0;
+      for (int64_t p = 0; p < k; ++p) s += a[p * m + i] * b[p * n + j];
+      ci[j] = s;
+    }
+  }
+}
+
+void gemm_nt(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    const double* ai = a + i * k;
+    double* ci = c + i * n;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const double* b0 = b + j * k;
+      const double* b1 = b0 + k;
+      const double* b2 = b1 + k;
+      const double* b3 = b2 + k;
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ai[p];
+        s0 += x * b0[p];
+        s1 += x * b1[p];
+        s2 += x * b2[p];
+        s3 += x * b3[p];
+      }
+      ci[j] = accumulate ? ci[j] + s0 : s0;
+      ci[j + 1] = accumulate ? ci[j + 1] + s1 : s1;
+      ci[j + 2] = accumulate ? ci[j + 2] + s2 : s2;
+      ci[j + 3] = accumulate ? ci[j + 3] + s3 : s3;
+    }
+    for (; j < n; ++j) {
+      const double* bj = b + j * k;
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += ai[p] * bj[p];
+      ci[j] = accumulate ? ci[j] + s : s;
+    }
+  }
+}
 
 Mat matmul(const Mat& a, const Mat& b) {
   if (a.cols != b.rows) shape_error("matmul", a, b);
   Mat c(a.rows, b.cols);
-  for (int64_t i = 0; i < a.rows; ++i) {
-    double* ci = c.row(i);
-    for (int64_t k = 0; k < a.cols; ++k) {
-      const double aik = a.at(i, k);
-      const double* bk = b.row(k);
-      for (int64_t j = 0; j < b.cols; ++j) ci[j] += aik * bk[j];
-    }
-  }
+  gemm(a.v.data(), b.v.data(), c.v.data(), a.rows, a.cols, b.cols, true);
   return c;
 }
 
 Mat matmul_tn(const Mat& a, const Mat& b) {
   if (a.rows != b.rows) shape_error("matmul_tn", a, b);
   Mat c(a.cols, b.cols);
-  for (int64_t k = 0; k < a.rows; ++k) {
-    const double* ak = a.row(k);
-    const double* bk = b.row(k);
-    for (int64_t i = 0; i < a.cols; ++i) {
-      const double aki = ak[i];
-      double* ci = c.row(i);
-      for (int64_t j = 0; j < b.cols; ++j) ci[j] += aki * bk[j];
-    }
-  }
+  gemm_tn(a.v.data(), b.v.data(), c.v.data(), a.rows, a.cols, b.cols, true);
   return c;
 }
 
 Mat matmul_nt(const Mat& a, const Mat& b) {
   if (a.cols != b.cols) shape_error("matmul_nt", a, b);
   Mat c(a.rows, b.rows);
-  for (int64_t i = 0; i < a.rows; ++i) {
-    const double* ai = a.row(i);
-    for (int64_t j = 0; j < b.rows; ++j) {
-      const double* bj = b.row(j);
-      double s = 0;
-      for (int64_t k = 0; k < a.cols; ++k) s += ai[k] * bj[k];
-      c.at(i, j) = s;
-    }
-  }
+  gemm_nt(a.v.data(), b.v.data(), c.v.data(), a.rows, a.cols, b.rows, false);
   return c;
 }
 
@@ -115,13 +296,10 @@ void set_token_range(Mat& dst, int64_t samples, int64_t t0, const Mat& src) {
       for (int64_t j = 0; j < src.cols; ++j) dst.at(s * tokens + t0 + t, j) = src.at(s * n + t, j);
 }
 
-Mat norm_forward(const Mat& x, const double* weight, const double* bias, bool layernorm, NormCache& cache) {
-  const int64_t n = x.cols;
-  Mat y(x.rows, n);
-  cache.xhat = Mat(x.rows, n);
-  cache.rstd.assign(static_cast<size_t>(x.rows), 0.0);
-  for (int64_t i = 0; i < x.rows; ++i) {
-    const double* xi = x.row(i);
+void norm_forward_rows(const double* x, int64_t rows, int64_t n, const double* weight, const double* bias,
+                       bool layernorm, double* y, double* xhat, double* rstd) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const double* xi = x + i * n;
     double mean = 0;
     if (layernorm) {
       for (int64_t j = 0; j < n; ++j) mean += xi[j];
@@ -131,39 +309,53 @@ Mat norm_forward(const Mat& x, const double* weight, const double* bias, bool la
     for (int64_t j = 0; j < n; ++j) var += (xi[j] - mean) * (xi[j] - mean);
     var /= static_cast<double>(n);
     const double r = 1.0 / std::sqrt(var + kNormEps);
-    cache.rstd[static_cast<size_t>(i)] = r;
+    rstd[i] = r;
     for (int64_t j = 0; j < n; ++j) {
       const double xh = (xi[j] - mean) * r;
-      cache.xhat.at(i, j) = xh;
-      y.at(i, j) = xh * weight[j] + (layernorm && bias ? bias[j] : 0.0);
+      xhat[i * n + j] = xh;
+      y[i * n + j] = xh * weight[j] + (layernorm && bias ? bias[j] : 0.0);
     }
   }
+}
+
+void norm_backward_rows(const double* dy, int64_t rows, int64_t n, const double* weight, bool layernorm,
+                        const double* xhat, const double* rstd, double* dweight, double* dbias, double* dx) {
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (int64_t i = 0; i < rows; ++i) {
+    const double* dyi = dy + i * n;
+    const double* xhi = xhat + i * n;
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double g = dyi[j] * weight[j];
+      sum_g += g;
+      sum_gx += g * xhi[j];
+      dweight[j] += dyi[j] * xhi[j];
+      if (dbias) dbias[j] += dyi[j];
+    }
+    const double r = rstd[i];
+    for (int64_t j = 0; j < n; ++j) {
+      const double g = dyi[j] * weight[j];
+      // LayerNorm: r (g - mean(g) - xhat mean(g xhat)); RMSNorm: r (g - xhat mean(g xhat)).
+      dx[i * n + j] = r * (g - (layernorm ? sum_g * inv_n : 0.0) - xhi[j] * sum_gx * inv_n);
+    }
+  }
+}
+
+Mat norm_forward(const Mat& x, const double* weight, const double* bias, bool layernorm, NormCache& cache) {
+  Mat y(x.rows, x.cols);
+  cache.xhat = Mat(x.rows, x.cols);
+  cache.rstd.assign(static_cast<size_t>(x.rows), 0.0);
+  norm_forward_rows(x.v.data(), x.rows, x.cols, weight, bias, layernorm, y.v.data(), cache.xhat.v.data(),
+                    cache.rstd.data());
   return y;
 }
 
 Mat norm_backward(const Mat& dy, const double* weight, bool layernorm, const NormCache& cache, double* dweight,
                   double* dbias) {
   if (dy.rows != cache.xhat.rows || dy.cols != cache.xhat.cols) shape_error("norm_backward", dy, cache.xhat);
-  const int64_t n = dy.cols;
-  const double inv_n = 1.0 / static_cast<double>(n);
-  Mat dx(dy.rows, n);
-  for (int64_t i = 0; i < dy.rows; ++i) {
-    double sum_g = 0, sum_gx = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const double g = dy.at(i, j) * weight[j];
-      sum_g += g;
-      sum_gx += g * cache.xhat.at(i, j);
-      dweight[j] += dy.at(i, j) * cache.xhat.at(i, j);
-      if (dbias) dbias[j] += dy.at(i, j);
-    }
-    const double r = cache.rstd[static_cast<size_t>(i)];
-    for (int64_t j = 0; j < n; ++j) {
-      const double g = dy.at(i, j) * weight[j];
-      const double xh = cache.xhat.at(i, j);
-      // LayerNorm: r (g - mean(g) - xhat mean(g xhat)); RMSNorm: r (g - xhat mean(g xhat)).
-      dx.at(i, j) = r * (g - (layernorm ? sum_g * inv_n : 0.0) - xh * sum_gx * inv_n);
-    }
-  }
+  Mat dx(dy.rows, dy.cols);
+  norm_backward_rows(dy.v.data(), dy.rows, dy.cols, weight, layernorm, cache.xhat.v.data(), cache.rstd.data(), dweight,
+                     dbias, dx.v.data());
   return dx;
 }
 

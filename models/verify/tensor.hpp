@@ -14,18 +14,60 @@
 //    silu(x W_gate) * (x W_up) (Shazeer 2020, arXiv 2002.05202 Eq. 6).
 //  - Rotary position embedding on consecutive pairs (2i, 2i+1), theta_i = 10000^(-2i/d)
 //    (Su et al. 2021, arXiv 2104.09864 Eq. 34).
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace dtsim::verify {
 
+/// Storage of the verifier's matrices: per-thread free lists by size (16-byte classes up
+/// to kPoolMaxBytes, power-of-two classes above it up to 1 GiB, operator new beyond). An
+/// interpreter run allocates and frees tens of millions of small matrices of a handful of
+/// sizes, and the reference step large ones every step, on which glibc malloc (and the
+/// kernel's page faults for its mmap/trim churn) spent half of the run time. Recycled
+/// blocks stay in this thread's lists until pool_release().
+inline constexpr size_t kPoolMaxBytes = 16384;
+void* pool_allocate(size_t bytes);
+void pool_deallocate(void* p, size_t bytes) noexcept;
+/// Returns this thread's recycled blocks to operator delete (blocks in use are kept).
+void pool_release() noexcept;
+
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() noexcept = default;
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) { return static_cast<T*>(pool_allocate(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) noexcept { pool_deallocate(p, n * sizeof(T)); }
+  /// Default-initializes (no value given: e.g. resize(n)), so that Mat::uninitialized
+  /// leaves doubles unwritten; with a value, constructs from it.
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <class U>
+  bool operator==(const PoolAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+using Doubles = std::vector<double, PoolAllocator<double>>;
+
 struct Mat {
   int64_t rows = 0, cols = 0;
-  std::vector<double> v;
+  Doubles v;
 
   Mat() = default;
   Mat(int64_t r, int64_t c, double fill = 0.0);
+  /// r x c with unspecified values, for results a kernel overwrites entirely.
+  static Mat uninitialized(int64_t r, int64_t c);
   double& at(int64_t i, int64_t j) { return v[static_cast<size_t>(i * cols + j)]; }
   double at(int64_t i, int64_t j) const { return v[static_cast<size_t>(i * cols + j)]; }
   double* row(int64_t i) { return v.data() + i * cols; }
@@ -33,6 +75,29 @@ struct Mat {
   int64_t size() const { return rows * cols; }
   bool empty() const { return v.empty(); }
 };
+
+/// Row-major kernels on raw blocks (the Mat functions below are these on whole matrices;
+/// the interpreter calls them on row blocks of stacked matrices). `accumulate`: c += ...,
+/// else c = ... . Summation orders are fixed: gemm and gemm_tn add the k terms one by one,
+/// in order, to c (or to 0); gemm_nt forms each dot product from 0 and then stores (or
+/// adds) it.
+/// c (m x n) = a (m x k) b (k x n).
+void gemm(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate);
+/// c (m x n) = a^T b, a (k x m), b (k x n).
+void gemm_tn(const double* a, const double* b, double* c, int64_t k, int64_t m, int64_t n, bool accumulate);
+/// c (m x n) = a b^T, a (m x k), b (n x k).
+void gemm_nt(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate);
+/// Norms over `rows` rows of `n` columns (see norm_forward / norm_backward).
+void norm_forward_rows(const double* x, int64_t rows, int64_t n, const double* weight, const double* bias,
+                       bool layernorm, double* y, double* xhat, double* rstd);
+void norm_backward_rows(const double* dy, int64_t rows, int64_t n, const double* weight, bool layernorm,
+                        const double* xhat, const double* rstd, double* dweight, double* dbias, double* dx);
+
+/// Element-wise reduction of the n buffers in[0..n) of `len` values each into `out`, with
+/// the arithmetic of refmath::all_reduce (models/reference_math.hpp): sum adds the buffers
+/// in order starting from 0, avg then divides by n, max starts from the first buffer.
+enum class Reduce { sum, avg, max };
+void reduce_buffers(const double* const* in, size_t n, size_t len, Reduce op, double* out);
 
 /// a b: (m x k) @ (k x n).
 Mat matmul(const Mat& a, const Mat& b);
@@ -61,8 +126,8 @@ void set_token_range(Mat& dst, int64_t samples, int64_t t0, const Mat& src);
 /// only, root mean square) over each row, epsilon kNormEps. `bias` may be null for RMSNorm.
 inline constexpr double kNormEps = 1e-5;
 struct NormCache {
-  Mat xhat;                   // normalized input, before the weight
-  std::vector<double> rstd;  // 1 / sqrt(var + eps) (or 1 / rms) per row
+  Mat xhat;      // normalized input, before the weight
+  Doubles rstd;  // 1 / sqrt(var + eps) (or 1 / rms) per row
 };
 Mat norm_forward(const Mat& x, const double* weight, const double* bias, bool layernorm, NormCache& cache);
 /// Returns dx; adds the weight and bias gradients (length cols) into dweight / dbias

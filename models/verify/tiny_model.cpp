@@ -41,19 +41,13 @@ const char* to_string(Probe p) {
   switch (p) {
     case Probe::x_in: return "layer input";
     case Probe::ln1_out: return "input_norm output";
-    case Probe::q: return "Q";
-    case Probe::k: return "K";
-    case Probe::v: return "V";
     case Probe::ctx: return "attention output";
     case Probe::attn_out: return "out_proj output";
-    case Probe::x_mid: return "residual after attention";
     case Probe::ln2_out: return "post_attention_norm output";
     case Probe::mlp_out: return "mlp_down output";
-    case Probe::x_out: return "layer output";
     case Probe::d_x_out: return "grad of layer output";
     case Probe::d_ln2_out: return "grad of post_attention_norm output";
     case Probe::d_x_mid: return "grad of residual after attention";
-    case Probe::d_ctx: return "grad of attention output";
     case Probe::dq: return "dQ";
     case Probe::dk: return "dK";
     case Probe::dv: return "dV";
@@ -62,7 +56,6 @@ const char* to_string(Probe p) {
     case Probe::embed_out: return "embedding output";
     case Probe::final_ln_out: return "final_norm output";
     case Probe::d_final_ln_out: return "grad of final_norm output";
-    case Probe::d_embed_out: return "grad of embedding output";
   }
   return "?";
 }
@@ -70,6 +63,7 @@ const char* to_string(Probe p) {
 namespace {
 
 int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit; }
+constexpr int kPKinds = static_cast<int>(PKind::head_w) + 1;
 
 }  // namespace
 
@@ -150,20 +144,27 @@ TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
   add(PKind::final_w, -1, 1, h);
   if (layernorm) add(PKind::final_b, -1, 1, h);
   if (!tied) add(PKind::head_w, -1, V, h);
+  seg_index_.assign(static_cast<size_t>((layers + 1) * kPKinds), -1);
+  for (size_t i = 0; i < segs.size(); ++i)
+    seg_index_[static_cast<size_t>((segs[i].layer + 1) * kPKinds + static_cast<int>(segs[i].kind))] =
+        static_cast<int>(i);
+}
+
+int TinyModel::find(PKind k, int layer) const {
+  const int64_t ix = static_cast<int64_t>(layer + 1) * kPKinds + static_cast<int>(k);
+  if (layer < -1 || ix < 0 || ix >= static_cast<int64_t>(seg_index_.size())) return -1;
+  return seg_index_[static_cast<size_t>(ix)];
 }
 
 const PSeg& TinyModel::seg(PKind k, int layer) const {
-  for (const auto& s : segs)
-    if (s.kind == k && s.layer == layer) return s;
-  throw InputError(std::string("verify: the tiny model has no parameter ") + to_string(k) + " in layer " +
-                   std::to_string(layer));
+  const int i = find(k, layer);
+  if (i < 0)
+    throw InputError(std::string("verify: the tiny model has no parameter ") + to_string(k) + " in layer " +
+                     std::to_string(layer));
+  return segs[static_cast<size_t>(i)];
 }
 
-bool TinyModel::has(PKind k, int layer) const {
-  for (const auto& s : segs)
-    if (s.kind == k && s.layer == layer) return true;
-  return false;
-}
+bool TinyModel::has(PKind k, int layer) const { return find(k, layer) >= 0; }
 
 const Mat& RefStep::probe(Probe p, int layer) const {
   auto it = probes.find({p, layer});
@@ -235,13 +236,7 @@ refmath::AdamHyper verify_adam() {
 
 namespace {
 
-/// View of one parameter as a matrix (copy) and a pointer into a flat vector.
-Mat param_mat(const TinyModel& m, const std::vector<double>& p, PKind k, int layer) {
-  const PSeg& s = m.seg(k, layer);
-  Mat w(s.rows, s.cols);
-  std::copy(p.begin() + s.offset, p.begin() + s.offset + s.rows * s.cols, w.v.begin());
-  return w;
-}
+/// A parameter's (or its gradient's) first element in a flat vector.
 const double* param_ptr(const TinyModel& m, const std::vector<double>& p, PKind k, int layer = -1) {
   return p.data() + m.seg(k, layer).offset;
 }
@@ -260,74 +255,80 @@ void add_grad(const TinyModel& m, std::vector<double>& g, PKind k, int layer, co
 /// Full causal attention of one batch (no sharding), per sample and head (GQA: query head
 /// j reads key/value head j / (heads / kv_heads)); scale 1/sqrt(hd).
 struct AttnCache {
-  std::vector<Mat> probs;  // per (sample, head): seq x seq
+  Mat probs;  // row (sample * heads + head) * seq + query, column key: the causal softmax
 };
 Mat attention_forward(const TinyModel& m, const Mat& q, const Mat& k, const Mat& v, AttnCache& c) {
-  const int64_t S = m.seq, group = m.heads / m.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(m.hd));
+  const int64_t S = m.seq, group = m.heads / m.kv_heads, hd = m.hd;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   Mat ctx(q.rows, q.cols);
-  c.probs.clear();
+  c.probs = Mat(m.samples * m.heads * S, S);
   for (int64_t s = 0; s < m.samples; ++s)
     for (int64_t hh = 0; hh < m.heads; ++hh) {
       const int64_t kh = hh / group;
-      Mat p(S, S);
       for (int64_t t = 0; t < S; ++t) {
+        double* pt = c.probs.row((s * m.heads + hh) * S + t);
+        const double* qt = q.row(s * S + t) + hh * hd;
         double mx = -INFINITY;
         for (int64_t u = 0; u <= t; ++u) {
+          const double* ku = k.row(s * S + u) + kh * hd;
           double dot = 0;
-          for (int64_t d = 0; d < m.hd; ++d) dot += q.at(s * S + t, hh * m.hd + d) * k.at(s * S + u, kh * m.hd + d);
-          p.at(t, u) = dot * scale;
-          mx = std::max(mx, p.at(t, u));
+          for (int64_t d = 0; d < hd; ++d) dot += qt[d] * ku[d];
+          pt[u] = dot * scale;
+          mx = std::max(mx, pt[u]);
         }
         double z = 0;
-        for (int64_t u = 0; u <= t; ++u) z += (p.at(t, u) = std::exp(p.at(t, u) - mx));
-        for (int64_t u = 0; u <= t; ++u) p.at(t, u) /= z;
-        for (int64_t u = t + 1; u < S; ++u) p.at(t, u) = 0;
-        for (int64_t d = 0; d < m.hd; ++d) {
+        for (int64_t u = 0; u <= t; ++u) z += (pt[u] = std::exp(pt[u] - mx));
+        for (int64_t u = 0; u <= t; ++u) pt[u] /= z;
+        double* ct = ctx.row(s * S + t) + hh * hd;
+        for (int64_t d = 0; d < hd; ++d) {
           double acc = 0;
-          for (int64_t u = 0; u <= t; ++u) acc += p.at(t, u) * v.at(s * S + u, kh * m.hd + d);
-          ctx.at(s * S + t, hh * m.hd + d) = acc;
+          for (int64_t u = 0; u <= t; ++u) acc += pt[u] * v.at(s * S + u, kh * hd + d);
+          ct[d] = acc;
         }
       }
-      c.probs.push_back(std::move(p));
     }
   return ctx;
 }
 void attention_backward(const TinyModel& m, const Mat& q, const Mat& k, const Mat& v, const AttnCache& c,
                         const Mat& dctx, Mat& dq, Mat& dk, Mat& dv) {
-  const int64_t S = m.seq, group = m.heads / m.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(m.hd));
+  const int64_t S = m.seq, group = m.heads / m.kv_heads, hd = m.hd;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   dq = Mat(q.rows, q.cols);
   dk = Mat(k.rows, k.cols);
   dv = Mat(v.rows, v.cols);
-  size_t idx = 0;
+  std::vector<double> dp(static_cast<size_t>(S));
   for (int64_t s = 0; s < m.samples; ++s)
     for (int64_t hh = 0; hh < m.heads; ++hh) {
       const int64_t kh = hh / group;
-      const Mat& p = c.probs[idx++];
       for (int64_t t = 0; t < S; ++t) {
-        std::vector<double> dp(static_cast<size_t>(t + 1));
+        const double* pt = c.probs.row((s * m.heads + hh) * S + t);
+        const double* dct = dctx.row(s * S + t) + hh * hd;
         double sum = 0;
         for (int64_t u = 0; u <= t; ++u) {
+          const double* vu = v.row(s * S + u) + kh * hd;
+          double* dvu = dv.row(s * S + u) + kh * hd;
           double x = 0;
-          for (int64_t d = 0; d < m.hd; ++d) {
-            x += dctx.at(s * S + t, hh * m.hd + d) * v.at(s * S + u, kh * m.hd + d);
-            dv.at(s * S + u, kh * m.hd + d) += p.at(t, u) * dctx.at(s * S + t, hh * m.hd + d);
+          for (int64_t d = 0; d < hd; ++d) {
+            x += dct[d] * vu[d];
+            dvu[d] += pt[u] * dct[d];
           }
           dp[static_cast<size_t>(u)] = x;
-          sum += p.at(t, u) * x;
+          sum += pt[u] * x;
         }
+        const double* qt = q.row(s * S + t) + hh * hd;
+        double* dqt = dq.row(s * S + t) + hh * hd;
         for (int64_t u = 0; u <= t; ++u) {
-          const double ds = p.at(t, u) * (dp[static_cast<size_t>(u)] - sum) * scale;
-          for (int64_t d = 0; d < m.hd; ++d) {
-            dq.at(s * S + t, hh * m.hd + d) += ds * k.at(s * S + u, kh * m.hd + d);
-            dk.at(s * S + u, kh * m.hd + d) += ds * q.at(s * S + t, hh * m.hd + d);
+          const double ds = pt[u] * (dp[static_cast<size_t>(u)] - sum) * scale;
+          const double* ku = k.row(s * S + u) + kh * hd;
+          double* dku = dk.row(s * S + u) + kh * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            dqt[d] += ds * ku[d];
+            dku[d] += ds * qt[d];
           }
         }
       }
     }
 }
-
 
 }  // namespace
 
@@ -337,7 +338,26 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
   const int64_t T = m.samples * m.seq;
   std::vector<int64_t> pos(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) pos[static_cast<size_t>(i)] = i % m.seq;
-  auto put = [&](Probe pr, int layer, const Mat& x) { r.probes[{pr, layer}] = x; };
+  auto put = [&](Probe pr, int layer, Mat x) -> const Mat& {
+    Mat& slot = r.probes[{pr, layer}];
+    slot = std::move(x);
+    return slot;
+  };
+  // a W and a W^T with W a parameter (no copy of W; the arithmetic of matmul / matmul_nt).
+  auto mm = [&](const Mat& a, PKind k, int layer) {
+    const PSeg& s = m.seg(k, layer);
+    if (a.cols != s.rows) throw InputError("verify: reference matmul shapes do not fit");
+    Mat c(a.rows, s.cols);
+    gemm(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.cols, true);
+    return c;
+  };
+  auto mm_nt = [&](const Mat& a, PKind k, int layer) {
+    const PSeg& s = m.seg(k, layer);
+    if (a.cols != s.cols) throw InputError("verify: reference matmul shapes do not fit");
+    Mat c(a.rows, s.rows);
+    gemm_nt(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.rows, false);
+    return c;
+  };
 
   // ---- forward ----
   Mat x(T, m.h);
@@ -349,21 +369,23 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
     }
   put(Probe::embed_out, -1, x);
   struct LayerCache {
-    Mat x_in, n1, q, k, v, ctx, x_mid, n2, u, g, act;
+    const Mat* n1 = nullptr;   // the probes ln1_out, ctx, ln2_out
+    const Mat* ctx = nullptr;
+    const Mat* n2 = nullptr;
+    Mat q, k, v, u, g, act;
     NormCache c1, c2;
     AttnCache att;
   };
   std::vector<LayerCache> lc(static_cast<size_t>(m.layers));
   for (int l = 0; l < static_cast<int>(m.layers); ++l) {
     LayerCache& c = lc[static_cast<size_t>(l)];
-    c.x_in = x;
-    put(Probe::x_in, l, x);
-    c.n1 = norm_forward(x, param_ptr(m, p, PKind::ln1_w, l), m.layernorm ? param_ptr(m, p, PKind::ln1_b, l) : nullptr,
-                        m.layernorm, c.c1);
-    put(Probe::ln1_out, l, c.n1);
-    c.q = matmul(c.n1, param_mat(m, p, PKind::wq, l));
-    c.k = matmul(c.n1, param_mat(m, p, PKind::wk, l));
-    c.v = matmul(c.n1, param_mat(m, p, PKind::wv, l));
+    const Mat& x_in = put(Probe::x_in, l, std::move(x));
+    c.n1 = &put(Probe::ln1_out, l,
+                norm_forward(x_in, param_ptr(m, p, PKind::ln1_w, l),
+                             m.layernorm ? param_ptr(m, p, PKind::ln1_b, l) : nullptr, m.layernorm, c.c1));
+    c.q = mm(*c.n1, PKind::wq, l);
+    c.k = mm(*c.n1, PKind::wk, l);
+    c.v = mm(*c.n1, PKind::wv, l);
     if (m.bias) {
       add_row_vector(c.q, param_ptr(m, p, PKind::bq, l));
       add_row_vector(c.k, param_ptr(m, p, PKind::bk, l));
@@ -373,43 +395,41 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
       rope_apply(c.q, m.heads, m.hd, pos, false);
       rope_apply(c.k, m.kv_heads, m.hd, pos, false);
     }
-    put(Probe::q, l, c.q);
-    put(Probe::k, l, c.k);
-    put(Probe::v, l, c.v);
-    c.ctx = attention_forward(m, c.q, c.k, c.v, c.att);
-    put(Probe::ctx, l, c.ctx);
-    Mat ao = matmul(c.ctx, param_mat(m, p, PKind::wo, l));
-    put(Probe::attn_out, l, ao);
-    c.x_mid = c.x_in;
-    add_into(c.x_mid, ao);
-    if (m.bias) add_row_vector(c.x_mid, param_ptr(m, p, PKind::bo, l));
-    put(Probe::x_mid, l, c.x_mid);
-    c.n2 = norm_forward(c.x_mid, param_ptr(m, p, PKind::ln2_w, l),
-                        m.layernorm ? param_ptr(m, p, PKind::ln2_b, l) : nullptr, m.layernorm, c.c2);
-    put(Probe::ln2_out, l, c.n2);
-    c.u = matmul(c.n2, param_mat(m, p, PKind::wu, l));
+    c.ctx = &put(Probe::ctx, l, attention_forward(m, c.q, c.k, c.v, c.att));
+    Mat x_mid = x_in;
+    {
+      Mat ao = mm(*c.ctx, PKind::wo, l);
+      add_into(x_mid, ao);
+      put(Probe::attn_out, l, std::move(ao));
+    }
+    if (m.bias) add_row_vector(x_mid, param_ptr(m, p, PKind::bo, l));
+    c.n2 = &put(Probe::ln2_out, l,
+                norm_forward(x_mid, param_ptr(m, p, PKind::ln2_w, l),
+                             m.layernorm ? param_ptr(m, p, PKind::ln2_b, l) : nullptr, m.layernorm, c.c2));
+    c.u = mm(*c.n2, PKind::wu, l);
     if (m.bias) add_row_vector(c.u, param_ptr(m, p, PKind::bu, l));
     c.act = Mat(c.u.rows, c.u.cols);
     if (m.swiglu) {
-      c.g = matmul(c.n2, param_mat(m, p, PKind::wg, l));
-      for (int64_t i = 0; i < c.u.size(); ++i) c.act.v[static_cast<size_t>(i)] = silu(c.g.v[static_cast<size_t>(i)]) * c.u.v[static_cast<size_t>(i)];
+      c.g = mm(*c.n2, PKind::wg, l);
+      for (int64_t i = 0; i < c.u.size(); ++i)
+        c.act.v[static_cast<size_t>(i)] = silu(c.g.v[static_cast<size_t>(i)]) * c.u.v[static_cast<size_t>(i)];
     } else {
       for (int64_t i = 0; i < c.u.size(); ++i) c.act.v[static_cast<size_t>(i)] = gelu(c.u.v[static_cast<size_t>(i)]);
     }
-    Mat mo = matmul(c.act, param_mat(m, p, PKind::wd, l));
-    put(Probe::mlp_out, l, mo);
-    x = c.x_mid;
-    add_into(x, mo);
+    x = std::move(x_mid);
+    {
+      Mat mo = mm(c.act, PKind::wd, l);
+      add_into(x, mo);
+      put(Probe::mlp_out, l, std::move(mo));
+    }
     if (m.bias) add_row_vector(x, param_ptr(m, p, PKind::bd, l));
-    put(Probe::x_out, l, x);
   }
   NormCache cf;
-  const Mat nf = norm_forward(x, param_ptr(m, p, PKind::final_w), m.layernorm ? param_ptr(m, p, PKind::final_b) : nullptr,
-                              m.layernorm, cf);
-  put(Probe::final_ln_out, -1, nf);
+  const Mat& nf = put(Probe::final_ln_out, -1,
+                      norm_forward(x, param_ptr(m, p, PKind::final_w),
+                                   m.layernorm ? param_ptr(m, p, PKind::final_b) : nullptr, m.layernorm, cf));
   const PKind head = m.tied ? PKind::embed_word : PKind::head_w;
-  const Mat W = param_mat(m, p, head, -1);  // V x h
-  const Mat logits = matmul_nt(nf, W);      // T x V
+  const Mat logits = mm_nt(nf, head, -1);  // T x V
   Mat dlogits(T, m.V);
   const double inv_n = 1.0 / static_cast<double>(batch.n_valid);
   for (int64_t i = 0; i < T; ++i) {
@@ -425,17 +445,16 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
   }
 
   // ---- backward ----
-  const Mat dnf = matmul(dlogits, W);
-  put(Probe::d_final_ln_out, -1, dnf);
   add_grad(m, r.grad, head, -1, matmul_tn(dlogits, nf));
-  Mat dx = norm_backward(dnf, param_ptr(m, p, PKind::final_w), m.layernorm, cf, grad_ptr(m, r.grad, PKind::final_w, -1),
+  Mat dx = norm_backward(put(Probe::d_final_ln_out, -1, mm(dlogits, head, -1)), param_ptr(m, p, PKind::final_w),
+                         m.layernorm, cf, grad_ptr(m, r.grad, PKind::final_w, -1),
                          m.layernorm ? grad_ptr(m, r.grad, PKind::final_b, -1) : nullptr);
   for (int l = static_cast<int>(m.layers) - 1; l >= 0; --l) {
     LayerCache& c = lc[static_cast<size_t>(l)];
-    put(Probe::d_x_out, l, dx);
-    if (m.bias) add_grad(m, r.grad, PKind::bd, l, col_sums(dx));
-    add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dx));
-    const Mat dact = matmul_nt(dx, param_mat(m, p, PKind::wd, l));
+    const Mat& dout = put(Probe::d_x_out, l, std::move(dx));
+    if (m.bias) add_grad(m, r.grad, PKind::bd, l, col_sums(dout));
+    add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dout));
+    const Mat dact = mm_nt(dout, PKind::wd, l);
     Mat du(dact.rows, dact.cols), dg;
     if (m.swiglu) {
       dg = Mat(dact.rows, dact.cols);
@@ -448,50 +467,49 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
       for (int64_t i = 0; i < dact.size(); ++i)
         du.v[static_cast<size_t>(i)] = dact.v[static_cast<size_t>(i)] * gelu_grad(c.u.v[static_cast<size_t>(i)]);
     }
-    add_grad(m, r.grad, PKind::wu, l, matmul_tn(c.n2, du));
+    add_grad(m, r.grad, PKind::wu, l, matmul_tn(*c.n2, du));
     if (m.bias) add_grad(m, r.grad, PKind::bu, l, col_sums(du));
-    Mat dn2 = matmul_nt(du, param_mat(m, p, PKind::wu, l));
+    Mat dn2 = mm_nt(du, PKind::wu, l);
     if (m.swiglu) {
-      add_grad(m, r.grad, PKind::wg, l, matmul_tn(c.n2, dg));
-      add_into(dn2, matmul_nt(dg, param_mat(m, p, PKind::wg, l)));
+      add_grad(m, r.grad, PKind::wg, l, matmul_tn(*c.n2, dg));
+      add_into(dn2, mm_nt(dg, PKind::wg, l));
     }
-    put(Probe::d_ln2_out, l, dn2);
-    Mat dmid = norm_backward(dn2, param_ptr(m, p, PKind::ln2_w, l), m.layernorm, c.c2,
-                             grad_ptr(m, r.grad, PKind::ln2_w, l),
+    Mat dmid = norm_backward(put(Probe::d_ln2_out, l, std::move(dn2)), param_ptr(m, p, PKind::ln2_w, l), m.layernorm,
+                             c.c2, grad_ptr(m, r.grad, PKind::ln2_w, l),
                              m.layernorm ? grad_ptr(m, r.grad, PKind::ln2_b, l) : nullptr);
-    add_into(dmid, dx);
-    put(Probe::d_x_mid, l, dmid);
-    if (m.bias) add_grad(m, r.grad, PKind::bo, l, col_sums(dmid));
-    add_grad(m, r.grad, PKind::wo, l, matmul_tn(c.ctx, dmid));
-    const Mat dctx = matmul_nt(dmid, param_mat(m, p, PKind::wo, l));
-    put(Probe::d_ctx, l, dctx);
+    add_into(dmid, dout);
+    const Mat& dm = put(Probe::d_x_mid, l, std::move(dmid));
+    if (m.bias) add_grad(m, r.grad, PKind::bo, l, col_sums(dm));
+    add_grad(m, r.grad, PKind::wo, l, matmul_tn(*c.ctx, dm));
+    const Mat dctx = mm_nt(dm, PKind::wo, l);
     Mat dq, dk, dv;
     attention_backward(m, c.q, c.k, c.v, c.att, dctx, dq, dk, dv);
-    put(Probe::dq, l, dq);
+    c.att = AttnCache();
+    put(Probe::dq, l, dq);  // the gradients at the attention, before RoPE's backward
     put(Probe::dk, l, dk);
     put(Probe::dv, l, dv);
     if (m.rope) {
       rope_apply(dq, m.heads, m.hd, pos, true);
       rope_apply(dk, m.kv_heads, m.hd, pos, true);
     }
-    add_grad(m, r.grad, PKind::wq, l, matmul_tn(c.n1, dq));
-    add_grad(m, r.grad, PKind::wk, l, matmul_tn(c.n1, dk));
-    add_grad(m, r.grad, PKind::wv, l, matmul_tn(c.n1, dv));
+    add_grad(m, r.grad, PKind::wq, l, matmul_tn(*c.n1, dq));
+    add_grad(m, r.grad, PKind::wk, l, matmul_tn(*c.n1, dk));
+    add_grad(m, r.grad, PKind::wv, l, matmul_tn(*c.n1, dv));
     if (m.bias) {
       add_grad(m, r.grad, PKind::bq, l, col_sums(dq));
       add_grad(m, r.grad, PKind::bk, l, col_sums(dk));
       add_grad(m, r.grad, PKind::bv, l, col_sums(dv));
     }
-    Mat dn1 = matmul_nt(dq, param_mat(m, p, PKind::wq, l));
-    add_into(dn1, matmul_nt(dk, param_mat(m, p, PKind::wk, l)));
-    add_into(dn1, matmul_nt(dv, param_mat(m, p, PKind::wv, l)));
-    put(Probe::d_ln1_out, l, dn1);
-    dx = norm_backward(dn1, param_ptr(m, p, PKind::ln1_w, l), m.layernorm, c.c1, grad_ptr(m, r.grad, PKind::ln1_w, l),
+    Mat dn1 = mm_nt(dq, PKind::wq, l);
+    add_into(dn1, mm_nt(dk, PKind::wk, l));
+    add_into(dn1, mm_nt(dv, PKind::wv, l));
+    dx = norm_backward(put(Probe::d_ln1_out, l, std::move(dn1)), param_ptr(m, p, PKind::ln1_w, l), m.layernorm, c.c1,
+                       grad_ptr(m, r.grad, PKind::ln1_w, l),
                        m.layernorm ? grad_ptr(m, r.grad, PKind::ln1_b, l) : nullptr);
-    add_into(dx, dmid);
+    add_into(dx, dm);
     put(Probe::d_x_in, l, dx);
+    c = LayerCache();  // this layer's activations are no longer needed
   }
-  put(Probe::d_embed_out, -1, dx);
   double* gw = grad_ptr(m, r.grad, PKind::embed_word, -1);
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = 0; j < m.h; ++j) {

@@ -75,6 +75,10 @@ struct TinyModel {
   explicit TinyModel(const Experiment& shrunk);
   const PSeg& seg(PKind k, int layer = -1) const;
   bool has(PKind k, int layer = -1) const;
+
+ private:
+  std::vector<int> seg_index_;  // [(layer + 1) * kinds + kind] -> index into segs, -1: none
+  int find(PKind k, int layer) const;
 };
 
 /// Parameters drawn from `seed`: weights uniform in [-1,1) / sqrt(fan_in), biases
@@ -95,10 +99,11 @@ Batch make_batch(const TinyModel& m, uint64_t seed);
 
 /// Tensors of the reference forward / backward that the verifier compares with, each a
 /// token matrix over the whole batch (samples x seq rows) in the global column order.
+/// dq / dk: the gradients at the attention (before RoPE's backward).
 enum class Probe {
-  x_in, ln1_out, q, k, v, ctx, attn_out, x_mid, ln2_out, mlp_out, x_out,  // per layer
-  d_x_out, d_ln2_out, d_x_mid, d_ctx, dq, dk, dv, d_ln1_out, d_x_in,      // per layer
-  embed_out, final_ln_out, d_final_ln_out, d_embed_out,                    // layer -1
+  x_in, ln1_out, ctx, attn_out, ln2_out, mlp_out,              // per layer
+  d_x_out, d_ln2_out, d_x_mid, dq, dk, dv, d_ln1_out, d_x_in,  // per layer
+  embed_out, final_ln_out, d_final_ln_out,                     // layer -1
 };
 const char* to_string(Probe);
 

@@ -8,6 +8,7 @@
 #include "models/errors.hpp"
 #include "models/plan.hpp"
 #include "models/verify/interpreter.hpp"
+#include "models/verify/tensor.hpp"
 #include "models/verify/tiny_model.hpp"
 
 namespace dtsim::verify {
@@ -42,27 +43,28 @@ std::vector<std::string> plan_gaps(const StepPlan& plan) {
         "the embedding group, Narayanan 2021 Sec 4). Wanted: a GroupKind for {first stage, last stage} ranks with "
         "equal tp/cp/dp coordinates and, on both stages after the backward, an AllReduce SUM of the V/t x h word "
         "embedding gradient over it");
-  // Tied embeddings with ZeRO-1/2: is the embedding AllReduce after a DP ReduceScatter?
+  // Tied embeddings with sharded gradients: is the embedding AllReduce after a DP
+  // ReduceScatter that shares the embedding's bucket with other parameters?
   bool emb_after_rs = false;
   {
     const auto& ops = plan.stages.front().ops;
     int64_t ar = -1, rs = -1;
+    bool own_bucket = false;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (std::string_view(ops[i].name) == "embedding_grad_allreduce") ar = static_cast<int64_t>(i);
       if (std::string_view(ops[i].name) == "dp_grad_reducescatter") rs = static_cast<int64_t>(i);
+      own_bucket = own_bucket || ops[i].grad_bucket == GradBucket::tied_embedding;
     }
-    emb_after_rs = ar >= 0 && rs >= 0 && ar > rs;
+    emb_after_rs = ar >= 0 && rs >= 0 && ar > rs && !own_bucket;
   }
-  if (plan.exp.model.tied_embeddings && l.pp > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && l.dp * l.cp > 1 &&
-      emb_after_rs)
+  if (plan.exp.model.tied_embeddings && l.pp > 1 && l.zero_stage >= 1 && l.dp * l.cp > 1 && emb_after_rs)
     out.push_back(
-        "plan gap (tied embeddings, pp > 1, ZeRO-1/2): the word embedding shares a DP gradient bucket with other "
+        "plan gap (tied embeddings, pp > 1, ZeRO >= 1): the word embedding shares a DP gradient bucket with other "
         "parameters on both stages, so the two stages' ReduceScatters give its elements different owners and the "
         "embedding_grad_allreduce after them adds reduced to unreduced values. Wanted: on the first and the last "
         "stage, the tied word embedding's gradient in a dp_grad_reducescatter of its own (V/t x h elements), as "
-        "Megatron-Core does (param_and_grad_buffer.py _does_param_require_new_bucket; Op cannot say which "
-        "parameters a DP collective covers, so the plan needs that first), or embedding_grad_allreduce before the DP "
-        "collective that takes the embedding gradient");
+        "Megatron-Core does (param_and_grad_buffer.py _does_param_require_new_bucket), marked "
+        "Op::grad_bucket = GradBucket::tied_embedding");
   bool gathers_rest = false;  // a dp_param_allgather of the non-layer parameters
   for (const auto& st : plan.stages)
     for (const auto& op : st.ops)
@@ -104,20 +106,23 @@ VerifyReport verify_plan(const StepPlan& plan, const VerifyOptions& o) {
   const Layout& l = rep.shrunk.layout;
   rep.world = l.dp * l.tp * l.cp * l.pp;
 
-  Interpreter it(model, plan, o);
-  std::vector<double> params = init_params(model, o.seed);
-  it.load_params(params);
-  refmath::AdamState ref_adam;
-  const refmath::AdamHyper hp = verify_adam();
-  for (int s = 1; s <= o.steps && it.runnable(); ++s) {
-    const Batch batch = make_batch(model, o.seed + 1000 * static_cast<uint64_t>(s));
-    const RefStep ref = reference_step(model, params, batch);
-    it.run_step(s, batch, ref);
-    params = refmath::adam_step(params, ref.grad, ref_adam, hp).params;
-    it.compare_state(s, params, ref_adam);
+  {
+    Interpreter it(model, plan, o);
+    std::vector<double> params = init_params(model, o.seed);
+    it.load_params(params);
+    refmath::AdamState ref_adam;
+    const refmath::AdamHyper hp = verify_adam();
+    for (int s = 1; s <= o.steps && it.runnable(); ++s) {
+      const Batch batch = make_batch(model, o.seed + 1000 * static_cast<uint64_t>(s));
+      const RefStep ref = reference_step(model, params, batch);
+      it.run_step(s, batch, ref);
+      params = refmath::adam_step(params, ref.grad, ref_adam, hp).params;
+      it.compare_state(s, params, ref_adam);
+    }
+    rep.rules = it.rules();
+    rep.notes = it.notes();
   }
-  rep.rules = it.rules();
-  rep.notes = it.notes();
+  pool_release();  // the run's matrices are gone: hand their recycled storage back
   for (auto& g : plan_gaps(plan)) rep.notes.push_back(std::move(g));
   return rep;
 }

@@ -7,7 +7,9 @@
 // recompute, flash_attention, ...) with the model shrunk (models/verify/tiny_model.hpp),
 // in double precision, on a fixed-seed batch whose sequences hold unequal numbers of valid
 // tokens. Every rank's tensors live in this process. The plan of each pipeline stage is
-// walked op by op for every rank of the stage: compute ops by their name (a stable op
+// walked op by op for every rank of the stage (executed lane by lane: the DP replicas of
+// one stage, TP and CP coordinate stacked, with the arithmetic of rank-by-rank execution;
+// models/verify/interpreter.cpp): compute ops by their name (a stable op
 // identity: "qkv", "attention_remote", "mlp_down_wgrad", ...), collectives as the op says
 // (Op::collective, Op::reduce SUM/AVG, Op::group resolved with RankGrid, issue/wait),
 // P2P messages matched by micro-batch. Nothing of the plan's rules is re-derived here.
@@ -44,8 +46,10 @@
 //  - DP gradient collectives act on the parameters whose gradients are complete (no later
 //    op of the step, or of the micro-batch under ZeRO-3 / reduce_every_micro_batch, writes
 //    them; which op writes which gradient is a table by op name, checked against the
-//    writes the execution makes) and not reduced yet; their element count must match
-//    Op::size_bytes. A ReduceScatter shards a bucket into equal chunks (the last padded),
+//    writes the execution makes) and not reduced yet, except that Op::grad_bucket =
+//    GradBucket::tied_embedding carries only the tied word embedding (or the last stage's
+//    copy) and the stage's other DP collectives then leave it out; their element count
+//    must match Op::size_bytes. A ReduceScatter shards a bucket into equal chunks (the last padded),
 //    chunk i owned by the i-th rank of the DPxCP group, which runs Adam on it; elements a
 //    rank neither owns nor has gathered since are stale and not compared until gathered.
 #include <cstdint>

@@ -290,7 +290,8 @@ TEST(CalibrationCost, ProfileSourcesInThePlan) {
     if (op.type == OpType::compute && op.name == std::string("qkv")) {
       const ComputeTime t = compute_time(op, e);
       EXPECT_EQ(t.source, TimeSource::roofline);
-      EXPECT_EQ(t.seconds, compute_time(op, e.cluster.gpu, Dtype::fp8));
+      const double fill = gemm_wave_fill(calib::kernel_for_op(op, e)->spec.gemm, e.cluster.gpu.sm_count);
+      EXPECT_EQ(t.seconds, compute_time(op, e.cluster.gpu, Dtype::fp8, 1.0, fill));
     }
 }
 

@@ -133,6 +133,23 @@ TEST(Engine, OverlappedGradientReductionHidesBehindBackward) {
   EXPECT_NEAR(without.comm.at("DP").exposed_s, without.comm.at("DP").total_s, 1e-9);
 }
 
+TEST(Engine, ReducingEveryMicroBatchMultipliesZero2TrafficByFourAndAHalf) {
+  // DeepSpeed ZeRO-2 with 8 accumulation steps: reducing on every micro-batch sends 8
+  // gradient ReduceScatters and one parameter AllGather of the same 16-bit size, against 1 +
+  // 1 when reducing once: (8 + 1) / (1 + 1) = 4.5x the DP bytes (issue 5's public figure).
+  const std::string cluster = "{node: dgx-a100, nodes: 1}";
+  const std::string layout = "{dp: 8, tp: 1, pp: 1, zero_stage: 2, sequence_parallel: false, recompute: none}";
+  auto train = [](bool every) {
+    return std::string("{seq_len: 512, global_batch: 64, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                       "overlap_grad_reduce: true, framework: deepspeed, main_grad: bf16, reduce_every_micro_batch: ") +
+           (every ? "true" : "false") + "}";
+  };
+  const auto every = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(true)), "e.yaml"));
+  const auto once = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(false)), "o.yaml"));
+  EXPECT_NEAR(every.comm.at("DP").bytes / once.comm.at("DP").bytes, 4.5, 1e-9);
+  EXPECT_GT(every.comm.at("DP").total_s, 4.0 * once.comm.at("DP").total_s);
+}
+
 TEST(Engine, SameInputGivesByteIdenticalJson) {
   const auto e = parse_experiment(
       gpt("{node: dgx-a100, nodes: 2}", "{dp: 2, tp: 4, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: selective}",

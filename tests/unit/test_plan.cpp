@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <string>
 
+#include "models/calibration/plan_kernels.hpp"
+#include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
 #include "models/plan.hpp"
 #include "models/rank_grid.hpp"
+#include "topologies/gpu_presets.hpp"
 
 namespace dtsim {
 namespace {
@@ -189,12 +192,37 @@ TEST(Plan, ComputeOpsAreTimedByTheRoofline) {
   auto e = exp_of("{dp: 4, tp: 2, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}");
   const auto plan = build_step_plan(e);
   const auto& gpu = e.cluster.gpu;
+  int partial_waves = 0;
   for (const auto& op : plan.stages[0].ops) {
     if (op.type != OpType::compute || op.kernel != KernelKind::gemm) continue;
-    const double flop_t = op.flops / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
+    // The GEMM's own wave fill (models/compute_cost.hpp) lowers the full-wave rate.
+    const auto k = calib::kernel_for_op(op, e);
+    ASSERT_TRUE(k.has_value()) << op.name;
+    const double fill = gemm_wave_fill(k->spec.gemm, gpu.sm_count);
+    ASSERT_GT(fill, 0.0);
+    ASSERT_LE(fill, 1.0);
+    if (fill < 0.999) ++partial_waves;
+    const double flop_t = op.flops / (gpu.peak_bf16_flops * gpu.gemm_efficiency * fill);
     const double mem_t = op.bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency);
-    EXPECT_NEAR(op.time_s, std::max(flop_t, mem_t) + gpu.kernel_overhead, 1e-15) << op.name;
+    EXPECT_NEAR(op.time_s, std::max(flop_t, mem_t) + gpu.kernel_overhead, 1e-12 * op.time_s) << op.name;
   }
+  EXPECT_GT(partial_waves, 0);  // the test model has shapes that leave SMs idle
+}
+
+TEST(Plan, GemmWaveFillFollowsTheMatrixMultiplicationGuide) {
+  // 8192 x 3072 x 6144 on 108 SMs: 32 x 24 = 768 tiles of 256 x 128 = 7.1 waves run as 8.
+  EXPECT_NEAR(gemm_wave_fill({8192, 3072, 6144}, 108), 768.0 / (8 * 108), 1e-12);
+  // A shape that fills its waves exactly: 108 tiles of 256 x 128.
+  EXPECT_DOUBLE_EQ(gemm_wave_fill({256 * 12, 128 * 9, 4096}, 108), 1.0);
+  // Partial tiles: N = 160 (head_dim 160) needs two 128-wide tiles or one 256-wide tile.
+  EXPECT_NEAR(gemm_wave_fill({256 * 108, 160, 2048}, 108), 160.0 / 256.0, 1e-12);
+  // Unknown SM count or an empty dimension: no quantisation.
+  EXPECT_DOUBLE_EQ(gemm_wave_fill({1000, 1000, 1000}, 0), 1.0);
+  EXPECT_DOUBLE_EQ(gemm_wave_fill({0, 1000, 1000}, 108), 1.0);
+  // Presets store the full-wave rate: MAMF 0.869 on A100 measured at 1024x10240x5120
+  // (fill 320 / 324), 0.803 on H100 at 2048x2048x13312 (fill 128 / 132).
+  EXPECT_NEAR(gpu_preset("A100-SXM4-80GB").gemm_efficiency, 0.869 * 324 / 320, 1e-12);
+  EXPECT_NEAR(gpu_preset("H100-SXM5-80GB").gemm_efficiency, 0.803 * 132 / 128, 1e-12);
 }
 
 TEST(Plan, InvalidExperimentIsRejectedBeforePlanning) {
