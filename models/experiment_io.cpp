@@ -46,6 +46,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "models/errors.hpp"
+#include "models/scalar_text.hpp"
 #include "models/units.hpp"
 #include "topologies/collective_names.hpp"
 #include "topologies/fabrics/fabric.hpp"
@@ -92,16 +93,8 @@ std::string join_path(const std::string& parent, const std::string& key) {
   return parent.empty() ? key : parent + "." + key;
 }
 
-std::string join_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) {
-    if (!out.empty()) out += ", ";
-    out += i;
-  }
-  return out;
-}
+std::string join_list(const std::vector<std::string>& items) { return text::join(items); }
 
-std::string quote(const std::string& s) { return "\"" + s + "\""; }
 
 std::string describe_node(const YAML::Node& n) {
   switch (n.Type()) {
@@ -114,32 +107,10 @@ std::string describe_node(const YAML::Node& n) {
   return "?";
 }
 
-std::optional<int64_t> to_int(const std::string& text) {
-  int64_t v = 0;
-  const char* b = text.data();
-  const char* e = text.data() + text.size();
-  if (b != e && *b == '+') ++b;
-  auto [ptr, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || ptr != e || b == e) return std::nullopt;
-  return v;
-}
-
-std::optional<double> to_double(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  for (char c : text)
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E'))
-      return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
-}
-
-std::optional<bool> to_bool(const std::string& text) {
-  if (text == "true" || text == "True" || text == "TRUE") return true;
-  if (text == "false" || text == "False" || text == "FALSE") return false;
-  return std::nullopt;
-}
+using text::quote;
+using text::to_bool;
+using text::to_double;
+using text::to_int;
 
 template <class E>
 using Choices = std::vector<std::pair<std::string, E>>;

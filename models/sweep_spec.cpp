@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "models/errors.hpp"
+#include "models/scalar_text.hpp"
 #include "models/experiment_io.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -51,34 +52,10 @@ namespace spec_io {
 
 namespace {
 
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
-std::string quote(const std::string& s) { return "\"" + s + "\""; }
-
-std::optional<int64_t> to_int(const std::string& text) {
-  int64_t v = 0;
-  const char* b = text.data();
-  const char* e = b + text.size();
-  if (b != e && *b == '+') ++b;
-  auto [ptr, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || ptr != e || b == e) return std::nullopt;
-  return v;
-}
-
-std::optional<double> to_double(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  for (char c : text)
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E'))
-      return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
-}
+using text::join;
+using text::quote;
+using text::to_double;
+using text::to_int;
 
 /// Rewrites messages of a composed experiment so that they name the spec's keys:
 /// "cluster.X" -> "<where>.X" (and a bare "cluster" -> where).

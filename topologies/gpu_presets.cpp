@@ -5,6 +5,8 @@
 
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
+#include "models/scalar_text.hpp"
+#include "topologies/preset_lookup.hpp"
 
 namespace dtsim {
 
@@ -166,19 +168,11 @@ const std::vector<Entry>& registry() {
   return entries;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 }  // namespace
 
 const GpuSpec* find_gpu_preset(std::string_view name) {
-  for (const auto& e : registry())
-    if (iequals(e.spec.name, name)) return &e.spec;
-  return nullptr;
+  const Entry* e = presets::find(registry(), name, [](const Entry& x) -> const std::string& { return x.spec.name; });
+  return e ? &e->spec : nullptr;
 }
 
 const GpuSpec& gpu_preset(std::string_view name) {
@@ -187,18 +181,9 @@ const GpuSpec& gpu_preset(std::string_view name) {
 }
 
 std::vector<std::string> gpu_preset_names() {
-  std::vector<std::string> names;
-  for (const auto& e : registry()) names.push_back(e.spec.name);
-  return names;
+  return presets::names(registry(), [](const Entry& x) -> const std::string& { return x.spec.name; });
 }
 
-std::string gpu_preset_list() {
-  std::string out;
-  for (const auto& n : gpu_preset_names()) {
-    if (!out.empty()) out += ", ";
-    out += n;
-  }
-  return out;
-}
+std::string gpu_preset_list() { return text::join(gpu_preset_names()); }
 
 }  // namespace dtsim

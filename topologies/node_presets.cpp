@@ -4,6 +4,8 @@
 #include <cctype>
 
 #include "models/errors.hpp"
+#include "models/scalar_text.hpp"
+#include "topologies/preset_lookup.hpp"
 
 namespace dtsim {
 
@@ -184,19 +186,10 @@ const std::vector<NodePreset>& registry() {
   return entries;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 }  // namespace
 
 const NodePreset* find_node_preset(std::string_view name) {
-  for (const auto& n : registry())
-    if (iequals(n.name, name)) return &n;
-  return nullptr;
+  return presets::find(registry(), name, [](const NodePreset& n) -> const std::string& { return n.name; });
 }
 
 const NodePreset& node_preset(std::string_view name) {
@@ -205,18 +198,9 @@ const NodePreset& node_preset(std::string_view name) {
 }
 
 std::vector<std::string> node_preset_names() {
-  std::vector<std::string> names;
-  for (const auto& n : registry()) names.push_back(n.name);
-  return names;
+  return presets::names(registry(), [](const NodePreset& n) -> const std::string& { return n.name; });
 }
 
-std::string node_preset_list() {
-  std::string out;
-  for (const auto& n : node_preset_names()) {
-    if (!out.empty()) out += ", ";
-    out += n;
-  }
-  return out;
-}
+std::string node_preset_list() { return text::join(node_preset_names()); }
 
 }  // namespace dtsim

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "tests/unit/cli_fixture.hpp"
+
 namespace dtsim {
 namespace {
 
@@ -20,18 +22,9 @@ namespace fs = std::filesystem;
 
 const fs::path kExample = fs::path(DTSIM_SOURCE_DIR) / "experiments" / "gpt3-175b-selective.yaml";
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using cli_test::Outcome;
+std::string quote(const std::string& s) { return cli_test::shell_quote(s); }
+std::string read(const fs::path& p) { return cli_test::read_file(p); }
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> out;
@@ -40,35 +33,8 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
-
 /// A fresh temp directory per test; runs dtsim with stdout/stderr captured in it.
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtsim-cli-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Outcome dtsim(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd =
-        quote(DTSIM_BINARY) + " " + args + " >" + quote(out.string()) + " 2>" + quote(err.string());
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.out = read(out);
-    o.err = read(err);
-    return o;
-  }
-
-  fs::path dir_;
-};
+class Cli : public cli_test::CliTest {};
 
 TEST_F(Cli, VersionPrintsTheVersion) {
   const Outcome o = dtsim("--version");

@@ -11,42 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/cli_fixture.hpp"
+
 namespace dtsim {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
+using cli_test::Outcome;
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class CollectiveCli : public ::testing::Test {
+class CollectiveCli : public cli_test::CliTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtsim-coll-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Outcome dtsim(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + DTSIM_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.out = read(out);
-    o.err = read(err);
-    return o;
-  }
+  CollectiveCli() : CliTest("dtsim-coll") {}
 
   /// Data rows (lines not starting with '#'), split on spaces.
   static std::vector<std::vector<std::string>> rows(const std::string& text) {
@@ -61,8 +37,6 @@ class CollectiveCli : public ::testing::Test {
     }
     return out;
   }
-
-  fs::path dir_;
 };
 
 // Columns: size count type redop root time algbw busbw algorithm protocol.
