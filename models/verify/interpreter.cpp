@@ -15,10 +15,23 @@
 // states are per rank (a lane's tensor holds |DP| of them).
 // Why lanes: with tiny tensors the cost of an op is mostly its bookkeeping, which a lane
 // pays once for |DP| ranks.
+//
+// Threads: pipeline stages share nothing but P2P messages (Impl::mail, under a mutex) and
+// the tied-embedding collective between the first and the last stage, so with
+// VerifyOptions::threads > 1 the stages of a step run on several threads (Impl::work: a
+// thread claims any stage that is not waiting, runs it until its next op must wait, and
+// moves on). Each op records its comparisons, problems and notes into its stage's StageOut
+// with its position in the serial order (Impl::Schedule, derived from the ops alone), and
+// Impl::merge_outs folds them into the totals as the serial run would have, so the report
+// is the same for every thread count. A plan problem on a stage thread stops the step and
+// the verification is redone on one thread (Interpreter::rerun_serial), which reports it in
+// the serial order; so does a plan the schedule shows to deadlock, and the
+// pp-microbatch-swap injection (which takes the newest queued message: timing-dependent).
 #include "models/verify/interpreter.hpp"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -26,9 +39,12 @@
 #include <limits>
 #include <memory>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
@@ -163,21 +179,60 @@ constexpr int kLKs = static_cast<int>(LK::head_w) + 1;
 
 /// What a lane keeps for one (layer, micro-batch): tensors by slot, norm statistics, and
 /// the row-parallel branches whose forward (or recompute) ran (dropout_residual_bwd
-/// takes them back in reverse).
+/// takes them back in reverse). Compact: a frame in flight usually holds one or a few
+/// slots, so the Mats live in chunks of kChunk taken from the storage pool as slots are
+/// first held (at stable addresses until reset(): references to them stay valid).
 struct Frame {
-  std::array<Mat, kSlots> m;
-  std::array<bool, kSlots> has{};
-  std::array<NormCache, 3> norm;  // input_norm, post_attention_norm, final_norm
-  std::array<bool, 3> has_norm{};
+  static constexpr int kChunk = 8;
+  static constexpr int kChunks = (kSlots + kChunk - 1) / kChunk;
+  std::array<int8_t, kSlots> pos;   // position of slot s in the chunks, -1: none since reset
+  std::array<bool, kSlots> has{};   // slot s holds a tensor
+  std::array<Mat*, kChunks> chunk{};
+  int8_t used = 0;                  // positions given out
+  std::array<NormCache*, 3> norm{};  // input_norm, post_attention_norm, final_norm (null: none)
   std::vector<Tag> tape;
   bool live = false;
+
+  Frame() { pos.fill(-1); }
+  ~Frame() { reset(); }
+  Frame(const Frame&) = delete;
+  Frame& operator=(const Frame&) = delete;
+
+  Mat& at(int i) { return chunk[sz(i / kChunk)][i % kChunk]; }
+  /// Slot s's Mat (held or not), given a position if it has none.
+  Mat& slot(Slot s) {
+    int8_t& p = pos[static_cast<size_t>(s)];
+    if (p < 0) {
+      p = used++;
+      Mat*& c = chunk[sz(p / kChunk)];
+      if (c == nullptr) {
+        c = static_cast<Mat*>(pool_allocate(kChunk * sizeof(Mat)));
+        for (int i = 0; i < kChunk; ++i) ::new (static_cast<void*>(c + i)) Mat();
+      }
+    }
+    return at(p);
+  }
+  Mat* held(Slot s) { return has[static_cast<size_t>(s)] ? &at(pos[static_cast<size_t>(s)]) : nullptr; }
+  NormCache& norm_slot(int i) {
+    if (norm[sz(i)] == nullptr) norm[sz(i)] = ::new (pool_allocate(sizeof(NormCache))) NormCache();
+    return *norm[sz(i)];
+  }
   void reset() {
-    for (size_t s = 0; s < m.size(); ++s)
-      if (has[s]) m[s] = Mat();
+    for (Mat*& c : chunk) {
+      if (c == nullptr) continue;
+      for (int i = 0; i < kChunk; ++i) c[i].~Mat();
+      pool_deallocate(c, kChunk * sizeof(Mat));
+      c = nullptr;
+    }
+    pos.fill(-1);
     has.fill(false);
-    for (size_t i = 0; i < norm.size(); ++i)
-      if (has_norm[i]) norm[i] = NormCache();
-    has_norm.fill(false);
+    used = 0;
+    for (NormCache*& n : norm)
+      if (n != nullptr) {
+        n->~NormCache();
+        pool_deallocate(n, sizeof(NormCache));
+        n = nullptr;
+      }
     tape.clear();
     live = false;
   }
@@ -202,6 +257,8 @@ struct Lane {
   int index = 0;
   int stage = 0;
   int64_t tp = 0, cp = 0;
+  int tp_first = -1;  // the lane of this lane's TP group that runs a stage's ops first
+  uint64_t norm_stamp = ~uint64_t{0};  // the last norm forward this lane ran: step << 32 | op index
   std::vector<int64_t> reps;   // the ranks, by DP coordinate
   std::vector<Frame*> frames;  // [layer slot * micro-batches + mb], null: none
   std::vector<int> ce_stage;   // [mb] TP reductions of the loss done
@@ -213,6 +270,12 @@ struct Lane {
   // the replicas' values were bitwise equal then.
   std::vector<uint64_t> seen;
   std::vector<uint8_t> same;
+  // The replicas' parameters, looked up here rather than through each rank: the index of
+  // (layer, kind) (the same in every replica), [param * |DP| + replica] its value, [param]
+  // its elements.
+  std::vector<int> pidx;
+  std::vector<Mat*> val;
+  std::vector<int64_t> psize;
 };
 
 /// Op identities the interpreter knows (op names are stable; see verify.hpp).
@@ -279,6 +342,36 @@ struct Acc {
   std::string worst;
 };
 
+constexpr size_t kMaxProblems = 40;  // problems listed (the rest are counted out)
+
+/// What one pipeline stage's ops record during a step: rule accumulators (with the serial
+/// position of the op that set each worst value), problems and notes. Merged into the
+/// interpreter's totals after the step in the serial order of the ops (Impl::merge_outs),
+/// so that the report is the same however the stages were spread over threads.
+struct StageOut {
+  Acc acc[kRules];
+  int64_t key[kRules] = {};
+  std::vector<std::pair<int64_t, std::string>> problems, notes;
+  std::set<std::string> problem_seen, note_seen;
+};
+
+/// The op this thread executes: its stage, its index, its position in the serial order
+/// (Impl::Schedule) and where its records go (null: straight to the totals).
+struct ExecCtx {
+  int stage = 0;
+  size_t idx = 0;
+  int64_t key = 0;
+  StageOut* out = nullptr;
+};
+thread_local ExecCtx t_exec;
+
+/// Scratch vectors of Impl::optimizer, one set per thread.
+struct OptScratch {
+  std::vector<int64_t> elems;
+  std::vector<double> g, vals, grads;
+};
+thread_local OptScratch t_opt;
+
 double abs_err(double a, double b) {
   const double e = std::fabs(a - b);
   return std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
@@ -318,8 +411,8 @@ struct Interpreter::Impl {
   std::vector<std::map<GroupKind, std::vector<std::vector<int>>>> lane_groups;       // TP, CP: of lanes
   std::vector<std::vector<int>> layer_slot;  // [stage][layer + 1] -> frame slot, -1: not on the stage
   std::vector<int> stage_slots;              // [stage] frame slots per micro-batch
-  std::deque<Frame> frame_store;             // every frame (stable addresses)
-  std::vector<Frame*> frame_free;            // frames not in use
+  std::deque<std::deque<Frame>> frame_store;  // [stage] every frame (stable addresses)
+  std::vector<std::vector<Frame*>> frame_free;  // [stage] frames not in use
   std::vector<std::vector<Fn>> fns;
   std::vector<std::set<int>> stage_layers;                       // layers each stage's ops use
   std::vector<std::set<int>> gathered_layers;  // layers a per-layer dp_param_allgather gathers
@@ -338,8 +431,6 @@ struct Interpreter::Impl {
   const Batch* batch = nullptr;
   const RefStep* ref = nullptr;
   int step = 0;
-  int cur_stage = 0;
-  size_t cur_idx = 0;
   std::vector<std::map<int, std::function<void()>>> pending;
   struct Msg {
     int mb = -1;
@@ -347,6 +438,7 @@ struct Interpreter::Impl {
     Reg reg;
   };
   std::map<std::tuple<int, int, int>, std::deque<Msg>> mail;  // (from lane, to lane, backward)
+  std::mutex mail_mu;  // guards `mail` while stages run on several threads
   // rules
   Acc acc[kRules];
   std::vector<std::string> problems;
@@ -354,6 +446,7 @@ struct Interpreter::Impl {
   std::vector<std::string> notes;
   std::set<std::string> note_set;
   bool fatal = false;
+  std::vector<StageOut> outs;   // [stage] records of the step's ops, not merged yet
   std::vector<uint64_t> epoch;  // [stage] bumped whenever a rank of the stage changes a parameter value
 
   Impl(const TinyModel& model, const StepPlan& p, const VerifyOptions& o)
@@ -388,16 +481,26 @@ struct Interpreter::Impl {
     build_lanes();
     build_write_table();
     pending.resize(sz(pp));
+    outs.resize(sz(pp));
+    build_schedule();
+    start_workers();
   }
+  ~Impl() { stop_workers(); }
 
   // ------------------------------------------------------------------ problems --------
   std::string where(const Op& op) const {
-    return fmt::format("stage {} op #{} '{}' ({}{}{})", cur_stage, cur_idx, op.name, to_string(op.phase),
+    return fmt::format("stage {} op #{} '{}' ({}{}{})", t_exec.stage, t_exec.idx, op.name, to_string(op.phase),
                        op.layer >= 0 ? fmt::format(", layer {}", op.layer) : std::string(),
                        op.micro_batch >= 0 ? fmt::format(", micro-batch {}", op.micro_batch) : std::string());
   }
   void problem(const std::string& p) {
-    if (problem_set.insert(p).second && problems.size() < 40) problems.push_back(p);
+    if (StageOut* o = t_exec.out) {  // kept with its stage until merge_outs
+      if (problems.size() < kMaxProblems && !problem_set.count(p) && o->problems.size() < kMaxProblems &&
+          o->problem_seen.insert(p).second)
+        o->problems.emplace_back(t_exec.key, p);
+      return;
+    }
+    if (problem_set.insert(p).second && problems.size() < kMaxProblems) problems.push_back(p);
   }
   void problem(const Op& op, const std::string& what) { problem(where(op) + ": " + what); }
   [[noreturn]] void die(const Op& op, const std::string& what) {
@@ -405,7 +508,52 @@ struct Interpreter::Impl {
     throw PlanFatal(what);
   }
   void note(const std::string& n) {
+    if (StageOut* o = t_exec.out) {
+      if (!note_set.count(n) && o->note_seen.insert(n).second) o->notes.emplace_back(t_exec.key, n);
+      return;
+    }
     if (note_set.insert(n).second) notes.push_back(n);
+  }
+  /// Moves the stages' records of the step into the totals, as if they had been recorded
+  /// one op after another in the serial order: a rule's worst value is the first (in that
+  /// order) of those with the largest error; problems and notes keep their first occurrence.
+  void merge_outs() {
+    for (int r = 0; r < kRules; ++r) {
+      Acc& g = acc[r];
+      double mx = g.max_err;
+      int64_t n = 0;
+      for (const StageOut& o : outs)
+        if (o.acc[r].n > 0) {
+          mx = std::max(mx, o.acc[r].max_err);
+          n += o.acc[r].n;
+        }
+      if (g.worst.empty() || mx > g.max_err) {
+        const StageOut* first = nullptr;
+        for (const StageOut& o : outs)
+          if (o.acc[r].n > 0 && o.acc[r].max_err == mx && (first == nullptr || o.key[r] < first->key[r])) first = &o;
+        if (first != nullptr) {
+          g.max_err = mx;
+          g.worst = first->acc[r].worst;
+        }
+      }
+      g.n += n;
+    }
+    auto merge_lines = [this](std::vector<std::pair<int64_t, std::string>> StageOut::*list, bool is_problem) {
+      std::vector<std::pair<int64_t, std::string>*> all;
+      for (StageOut& o : outs)
+        for (auto& e : o.*list) all.push_back(&e);
+      std::stable_sort(all.begin(), all.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
+      for (auto* e : all) {
+        if (is_problem) {
+          if (problem_set.insert(e->second).second && problems.size() < kMaxProblems) problems.push_back(e->second);
+        } else if (note_set.insert(e->second).second) {
+          notes.push_back(e->second);
+        }
+      }
+    };
+    merge_lines(&StageOut::problems, true);
+    merge_lines(&StageOut::notes, false);
+    for (StageOut& o : outs) o = StageOut();
   }
   void check_size(const Op& op, double expect_bytes, const char* what) {
     if (std::fabs(op.size_bytes - expect_bytes) > 0.5)
@@ -505,6 +653,9 @@ struct Interpreter::Impl {
     ranks.resize(sz(world));
     stage_ranks.assign(sz(pp), {});
     stage_groups.assign(sz(pp), {});
+    // The DP replicas of a (stage, TP, CP) coordinate hold the same parameter shards: built
+    // once, copied to the others.
+    std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> built;
     for (int64_t r = 0; r < world; ++r) {
       RankState& R = ranks[sz(r)];
       R.rank = r;
@@ -513,7 +664,13 @@ struct Interpreter::Impl {
       const auto g = grid.group_of(r, GroupKind::DPxCP);
       R.dpcp_index = std::find(g.begin(), g.end(), r) - g.begin();
       stage_ranks[sz(R.c.pp)].push_back(r);
-      build_params(R);
+      const auto [it, first] = built.try_emplace({R.c.pp, R.c.tp, R.c.cp}, r);
+      if (first) {
+        build_params(R);
+      } else {
+        R.params = ranks[sz(it->second)].params;
+        R.index = ranks[sz(it->second)].index;
+      }
     }
     for (int64_t st = 0; st < pp; ++st)
       for (GroupKind k : {GroupKind::TP, GroupKind::DP, GroupKind::DPxCP}) {
@@ -586,8 +743,21 @@ struct Interpreter::Impl {
         }
         lane_groups[sz(st)][k] = std::move(gs);
       }
+    for (int64_t st = 0; st < pp; ++st)
+      for (const auto& g : lane_groups[sz(st)].at(GroupKind::TP)) {
+        int first = g.front();  // the group's lane that comes first in stage_lanes (exec's order)
+        for (int li : stage_lanes[sz(st)])
+          if (std::find(g.begin(), g.end(), li) != g.end()) {
+            first = li;
+            break;
+          }
+        for (int li : g) lanes[sz(li)].tp_first = first;
+      }
     layer_slot.assign(sz(pp), std::vector<int>(sz(M.layers + 1), -1));
     stage_slots.assign(sz(pp), 0);
+    frame_store.clear();
+    frame_store.resize(sz(pp));
+    frame_free.assign(sz(pp), {});
     for (int64_t st = 0; st < pp; ++st) {
       int n = 0;
       layer_slot[sz(st)][0] = n++;  // layer -1: embedding, head, loss
@@ -608,9 +778,15 @@ struct Interpreter::Impl {
           total += rep(L, 0).params[pi].size() * nd;
         }
         L.grads.assign(sz(total), 0.0);
+        L.pidx = rep(L, 0).index;
+        L.val.assign(np * sz(nd), nullptr);
+        L.psize.assign(np, 0);
+        for (size_t pi = 0; pi < np; ++pi) L.psize[pi] = rep(L, 0).params[pi].size();
         for (int64_t dd = 0; dd < nd; ++dd) {
           RankState& R = rep(L, dd);
-          if (R.params.size() != np) throw InputError("verify: replicas of a lane hold different parameters");
+          if (R.params.size() != np || R.index != L.pidx)
+            throw InputError("verify: replicas of a lane hold different parameters");
+          for (size_t pi = 0; pi < np; ++pi) L.val[pi * sz(nd) + sz(dd)] = &R.params[pi].value;
           for (size_t pi = 0; pi < np; ++pi) {
             LocalParam& lp = R.params[pi];
             if (lp.size() != rep(L, 0).params[pi].size())
@@ -694,12 +870,13 @@ struct Interpreter::Impl {
     }
     Frame*& f = L.frames[sz(slot * m_count + mb)];
     if (f == nullptr && create) {
-      if (frame_free.empty()) {
-        frame_store.emplace_back();
-        f = &frame_store.back();
+      auto& free_list = frame_free[sz(L.stage)];
+      if (free_list.empty()) {
+        frame_store[sz(L.stage)].emplace_back();
+        f = &frame_store[sz(L.stage)].back();
       } else {
-        f = frame_free.back();
-        frame_free.pop_back();
+        f = free_list.back();
+        free_list.pop_back();
       }
       f->live = true;
     }
@@ -709,18 +886,18 @@ struct Interpreter::Impl {
     const int slot = layer_slot[sz(L.stage)][sz(layer + 1)];
     Frame*& f = L.frames[sz(slot * m_count + mb)];
     f->reset();
-    frame_free.push_back(f);
+    frame_free[sz(L.stage)].push_back(f);
     f = nullptr;
   }
   Mat& put(Lane& L, int layer, int mb, Slot s, Mat m) {
     Frame& f = *frame(L, layer, mb, true);
+    Mat& dst = f.slot(s);
     f.has[static_cast<size_t>(s)] = true;
-    return f.m[static_cast<size_t>(s)] = std::move(m);
+    return dst = std::move(m);
   }
   Mat* find(Lane& L, int layer, int mb, Slot s) {
     Frame* f = frame(L, layer, mb, false);
-    if (f == nullptr || !f->has[static_cast<size_t>(s)]) return nullptr;
-    return &f->m[static_cast<size_t>(s)];
+    return f == nullptr ? nullptr : f->held(s);
   }
   Mat& need(Lane& L, int layer, int mb, Slot s, const Op& op, const char* what) {
     Mat* m = find(L, layer, mb, s);
@@ -729,33 +906,32 @@ struct Interpreter::Impl {
   }
   void drop(Lane& L, int layer, int mb, Slot s) {
     Frame* f = frame(L, layer, mb, false);
-    if (f == nullptr || !f->has[static_cast<size_t>(s)]) return;
+    Mat* m = f == nullptr ? nullptr : f->held(s);
+    if (m == nullptr) return;
     f->has[static_cast<size_t>(s)] = false;
-    f->m[static_cast<size_t>(s)] = Mat();
+    *m = Mat();
   }
   void drop_layer(Lane& L, int layer, int mb, bool keep_input) {
     Frame* f = frame(L, layer, mb, false);
     if (f == nullptr) return;
-    const bool had = f->has[static_cast<size_t>(Slot::x_in)];
-    if (keep_input && had) {
-      Mat x = std::move(f->m[static_cast<size_t>(Slot::x_in)]);
+    Mat* in = f->held(Slot::x_in);
+    if (keep_input && in != nullptr) {
+      Mat x = std::move(*in);
       f->reset();
       f->live = true;
+      f->slot(Slot::x_in) = std::move(x);
       f->has[static_cast<size_t>(Slot::x_in)] = true;
-      f->m[static_cast<size_t>(Slot::x_in)] = std::move(x);
       return;
     }
     release_frame(L, layer, mb);
   }
   NormCache& put_norm(Lane& L, int layer, int mb, Slot s, NormCache c) {
     Frame& f = *frame(L, layer, mb, true);
-    f.has_norm[sz(norm_ix(s))] = true;
-    return f.norm[sz(norm_ix(s))] = std::move(c);
+    return f.norm_slot(norm_ix(s)) = std::move(c);
   }
   const NormCache* find_norm(Lane& L, int layer, int mb, Slot s) {
     Frame* f = frame(L, layer, mb, false);
-    if (f == nullptr || !f->has_norm[sz(norm_ix(s))]) return nullptr;
-    return &f->norm[sz(norm_ix(s))];
+    return f == nullptr ? nullptr : f->norm[sz(norm_ix(s))];
   }
 
   LocalParam& P(RankState& R, LK k, int layer, const Op& op) {
@@ -773,28 +949,39 @@ struct Interpreter::Impl {
   }
   LK head_kind() const { return (!M.tied || pp > 1) ? LK::head_w : LK::word; }
 
+  int lane_pindex(const Lane& L, LK k, int layer) const {
+    const size_t ix = sz((layer + 1) * kLKs + static_cast<int>(k));
+    return ix < L.pidx.size() ? L.pidx[ix] : -1;
+  }
   /// The index of parameter k in every replica of the lane (they hold the same
   /// parameters), with P()'s reports: missing (fatal), ZeRO-3 not gathered.
   int lane_param(Lane& L, LK k, int layer, const Op& op) {
-    const int pi = pindex(rep(L, 0), k, layer);
+    const int pi = lane_pindex(L, k, layer);
     if (pi < 0 || zero == 3)
       for (int64_t dd = 0; dd < nd; ++dd) P(rep(L, dd), k, layer, op);
     return pi;
   }
+  /// Replica dd's value of parameter k: P(rep(L, dd), k, layer, op).value, whose reports
+  /// (missing; ZeRO-3 not gathered) can only apply when the lane lacks k or with ZeRO-3.
+  const Mat& lane_value(Lane& L, int64_t dd, LK k, int layer, const Op& op) {
+    const int pi = lane_pindex(L, k, layer);
+    if (pi < 0 || zero == 3) return P(rep(L, dd), k, layer, op).value;
+    return *L.val[sz(pi) * sz(nd) + sz(dd)];
+  }
   /// Replica dd's working gradient of parameter pi.
   double* lane_grad(Lane& L, int pi, int64_t dd) {
-    return L.grads.data() + L.goff[sz(pi)] + dd * rep(L, 0).params[sz(pi)].size();
+    return L.grads.data() + L.goff[sz(pi)] + dd * L.psize[sz(pi)];
   }
   /// Checks a gradient write of the lane against the op's static write-set (on one lane per
   /// stage: the write-sets are the same for every rank).
   void note_write(Lane& L, int pi, LK k, int layer) {
     const RankState& R = ranks[sz(stage_ranks[sz(L.stage)].front())];
     if (R.lane != L.index) return;
-    const auto& w = writes_at[sz(L.stage)][cur_idx];
+    const auto& w = writes_at[sz(L.stage)][t_exec.idx];
     if (std::find(w.begin(), w.end(), pi) == w.end())
       problem(fmt::format("verifier: stage {} op #{} '{}' wrote the gradient of {} (layer {}), which its static "
                           "write-set lacks (models/verify/interpreter.cpp static_writes)",
-                          L.stage, cur_idx, plan.stages[sz(L.stage)].ops[cur_idx].name, lk_name(k), layer));
+                          L.stage, t_exec.idx, plan.stages[sz(L.stage)].ops[t_exec.idx].name, lk_name(k), layer));
   }
 
   /// The parameter gradients an op writes, by its identity. A layer's two
@@ -902,13 +1089,15 @@ struct Interpreter::Impl {
 
   // ------------------------------------------------------------------ comparisons -----
   /// Counts a compared value; `at` (called only for a new worst) says where it was.
+  Acc& cur_acc(int rule) { return t_exec.out != nullptr ? t_exec.out->acc[rule] : acc[rule]; }
   template <class F>
   void record(int rule, double err, F&& at) {
-    Acc& a = acc[rule];
+    Acc& a = cur_acc(rule);
     ++a.n;
     if (err > a.max_err || (a.worst.empty() && err >= a.max_err)) {
       a.max_err = err;
       a.worst = at();
+      if (t_exec.out != nullptr) t_exec.out->key[rule] = t_exec.key;
     }
   }
   std::string rank_str(const RankState& R) const {
@@ -925,7 +1114,7 @@ struct Interpreter::Impl {
     const int64_t rr = local.rows / nd, n = rr / b, cols = local.cols;
     const int64_t off = L.cp * sl + (seq_shard ? L.tp * (sl / t) : 0);
     const double k = grad ? 1.0 / static_cast<double>(dpcp) : 1.0;
-    Acc& a = acc[rule];
+    Acc& a = cur_acc(rule);
     // Block by block: the n tokens of one sample of one replica are consecutive rows here
     // and in the reference (global sample, positions off .. off + n - 1).
     for (int64_t dd = 0; dd < nd; ++dd) {
@@ -1000,6 +1189,30 @@ struct Interpreter::Impl {
     }
   }
 
+  bool probe_of(const Reg& r, bool backward) const {
+    Probe p;
+    int layer;
+    return probe_of(r, backward, p, layer);
+  }
+  bool has_chunk_layers(const Lane& L, const Reg& r) const {
+    return chunk_layers[sz(L.stage)].count(r.model_chunk) != 0;
+  }
+  /// What a chain register's comparison depends on besides its values (chain_collective):
+  /// two lanes holding the same values with equal keys compare them with the same reference
+  /// rows (the CP coordinate; sequence shards, which depend on the TP coordinate, never match).
+  struct CompareKey {
+    Tag tag = Tag::none;
+    int layer = -1, mb = -1, model_chunk = 0;
+    bool seq_shard = true, chunk = false, from_pp = false;
+    int64_t cp = -1, rows = -1, cols = -1;
+    bool operator==(const CompareKey&) const = default;
+  };
+  static CompareKey compare_key(const Reg& r, const Lane& L) {
+    CompareKey k{r.tag, r.layer, r.mb, r.model_chunk, r.seq_shard, r.chunk, r.from_pp, L.cp, r.m.rows, r.m.cols};
+    if (r.seq_shard) k.cp = -1 - L.tp;  // never equal across TP ranks
+    return k;
+  }
+
   void pp_probe(Lane& L, Reg& reg, bool backward) {
     reg.from_pp = false;
     auto it = chunk_layers[sz(L.stage)].find(reg.model_chunk);
@@ -1068,22 +1281,28 @@ struct Interpreter::Impl {
       die(op, fmt::format("a chain collective over {} (expected TP)", to_string(op.group)));
     const int ph = phase_ix(op.phase);
     const bool backward = op.phase == Phase::backward;
-    std::vector<std::function<void()>> parts;
+    // AllReduce and AllGather hand every lane of the group the same values (copies of one
+    // buffer), compared with the same reference rows: the first lane's comparison stands
+    // for the others with the same chain state (chain_deliver).
+    const bool identical = op.collective != Collective::ReduceScatter;
+    std::vector<ChainPart> parts;
     for (const auto& g : lane_groups[sz(st)].at(GroupKind::TP)) {
       const int64_t n = static_cast<int64_t>(g.size());
       // The tensors go into the collective (the chain keeps what they are, not their data,
       // until the wait delivers the result).
-      auto vals = std::make_shared<std::vector<Reg>>();
+      parts.push_back(ChainPart{&g, {}});
+      std::vector<Reg>& vals = parts.back().vals;
+      vals.reserve(g.size());
       for (int li : g) {
         Reg& cur = lanes[sz(li)].cur[ph];
-        vals->push_back(std::move(cur));
-        cur.tag = vals->back().tag;
-        cur.layer = vals->back().layer;
-        cur.mb = vals->back().mb;
+        vals.push_back(std::move(cur));
+        cur.tag = vals.back().tag;
+        cur.layer = vals.back().layer;
+        cur.mb = vals.back().mb;
         cur.m = Mat();
       }
       std::vector<Reg*> regs;
-      for (Reg& r : *vals) regs.push_back(&r);
+      for (Reg& r : vals) regs.push_back(&r);
       Reg& r0 = *regs.front();
       if (r0.m.empty()) die(op, "acts on the tensor produced last, but the stage's chain holds none");
       const double per_rank = static_cast<double>(r0.m.size() / nd);
@@ -1108,40 +1327,29 @@ struct Interpreter::Impl {
           if (r0.seq_shard || r0.chunk) die(op, "ReduceScatter of a sharded tensor");
           if (sl % n != 0) die(op, fmt::format("{} tokens per rank do not split over {} ranks", sl, n));
           check_size(op, per_rank * kActBytes, "the tensor (ReduceScatter input)");
-          // Each lane's tensor as its n sequence shards one after another.
-          std::vector<Doubles> packed;
+          // Element-wise reduction of the full tensors (the rank order of every element as
+          // in a packed ReduceScatter), then rank i keeps sequence shard i.
           std::vector<const double*> in;
           for (Reg* r : regs) {
             if (r->m.size() != r0.m.size()) die(op, "the TP ranks' tensors differ in size");
-            Doubles pk;
-            pk.reserve(r->m.v.size());
-            for (int64_t q = 0; q < n; ++q) {
-              const Mat shard = token_range(r->m, B, q * sl / n, (q + 1) * sl / n);
-              pk.insert(pk.end(), shard.v.begin(), shard.v.end());
-            }
-            packed.push_back(std::move(pk));
-            in.push_back(packed.back().data());
+            in.push_back(r->m.v.data());
           }
-          Doubles acc(packed.front().size());
-          reduce_buffers(in.data(), in.size(), acc.size(), red(op), acc.data());
-          const size_t chunk = acc.size() / sz(n);
+          Mat acc = Mat::uninitialized(r0.m.rows, r0.m.cols);
+          reduce_buffers(in.data(), in.size(), sz(acc.size()), red(op), acc.v.data());
           for (int64_t i = 0; i < n; ++i) {
-            Mat shard = Mat::uninitialized(B * sl / n, r0.m.cols);
-            std::copy(acc.begin() + static_cast<std::ptrdiff_t>(sz(i) * chunk),
-                      acc.begin() + static_cast<std::ptrdiff_t>(sz(i + 1) * chunk), shard.v.begin());
-            regs[sz(i)]->m = std::move(shard);
+            regs[sz(i)]->m = token_range(acc, B, i * sl / n, (i + 1) * sl / n);
             regs[sz(i)]->seq_shard = true;
             regs[sz(i)]->partial = false;
           }
           break;
         }
         case Collective::AllGather: {
-          std::vector<const Doubles*> parts;
-          for (Reg* r : regs) parts.push_back(&r->m.v);
+          std::vector<const Doubles*> bufs;
+          for (Reg* r : regs) bufs.push_back(&r->m.v);
           if (r0.chunk) {
             // Every lane holds its 1/t piece of each replica's flattened tensor.
             check_size(op, static_cast<double>(r0.full_rows * r0.full_cols) * kActBytes, "the gathered message");
-            const Doubles out = concat(parts);
+            const Doubles out = concat(bufs);
             const int64_t full = r0.full_rows * r0.full_cols, piece = full / n;
             if (static_cast<int64_t>(out.size()) != nd * full || piece * n != full)
               die(op, "P2P chunks do not fill the tensor");
@@ -1173,32 +1381,60 @@ struct Interpreter::Impl {
           break;
         }
       }
-      parts.push_back([this, g, vals, ph, backward, op] {
-        for (size_t i = 0; i < g.size(); ++i) {
-          Lane& L = lanes[sz(g[i])];
-          Reg& cur = L.cur[ph];
-          Reg& r = (*vals)[i];
-          if (cur.tag != r.tag || cur.layer != r.layer || cur.mb != r.mb)
-            problem(op, "an op between the issue and the wait moved the chain on: the collective's result arrives "
-                        "after its tensor was consumed");
-          cur = std::move(r);
-          if (cur.from_pp && !cur.chunk) {
-            pp_probe(L, cur, backward);
-            continue;
-          }
-          Probe p;
-          int layer;
-          if (probe_of(cur, backward, p, layer))
-            compare_tokens(kTP, cur.m, p, layer, L, cur.mb, cur.seq_shard, 0,
-                           op.phase == Phase::recompute ? "recompute, after TP collective" : "after TP collective",
-                           backward);
-        }
-      });
     }
-    launch(st, op, [parts] {
-      for (const auto& p : parts) p();
-    });
+    if (op.type == OpType::issue) {
+      auto held = std::make_shared<std::vector<ChainPart>>(std::move(parts));
+      launch(st, op, [this, held, ph, backward, &op, identical] {
+        for (ChainPart& p : *held) chain_deliver(p, ph, backward, op, identical);
+      });
+    } else {
+      for (ChainPart& p : parts) chain_deliver(p, ph, backward, op, identical);
+    }
   }
+
+  /// A TP group's result of chain_collective, delivered to the lanes' chains at the wait.
+  struct ChainPart {
+    const std::vector<int>* g;  // the lanes (Impl::lane_groups, stable)
+    std::vector<Reg> vals;      // their results
+  };
+  /// Hands each lane of the group its result and compares it (chain_collective). With
+  /// `identical` results, the lanes after the first whose comparison would be the same add
+  /// their counts only (their errors are the first lane's: no new worst value).
+  void chain_deliver(ChainPart& part, int ph, bool backward, const Op& op, bool identical) {
+    const std::vector<int>& g = *part.g;
+    CompareKey first;
+    for (size_t i = 0; i < g.size(); ++i) {
+      Lane& L = lanes[sz(g[i])];
+      Reg& cur = L.cur[ph];
+      Reg& r = part.vals[i];
+      if (cur.tag != r.tag || cur.layer != r.layer || cur.mb != r.mb)
+        problem(op, "an op between the issue and the wait moved the chain on: the collective's result arrives "
+                    "after its tensor was consumed");
+      cur = std::move(r);
+      const CompareKey key = compare_key(cur, L);
+      if (i == 0) first = key;
+      if (identical && i > 0 && key == first) {
+        if (cur.from_pp && !cur.chunk) {  // pp_probe's comparison, counted
+          cur.from_pp = false;
+          if (ref != nullptr && has_chunk_layers(L, cur)) cur_acc(kPP).n += cur.m.size();
+        } else if (ref != nullptr && probe_of(cur, backward)) {
+          cur_acc(kTP).n += cur.m.size();
+        }
+        continue;
+      }
+      if (cur.from_pp && !cur.chunk) {
+        pp_probe(L, cur, backward);
+        continue;
+      }
+      Probe p;
+      int layer;
+      if (probe_of(cur, backward, p, layer))
+        compare_tokens(kTP, cur.m, p, layer, L, cur.mb, cur.seq_shard, 0,
+                       op.phase == Phase::recompute ? "recompute, after TP collective" : "after TP collective",
+                       backward);
+    }
+  }
+
 
   /// The three TP AllReduces of the vocab-parallel cross entropy, in Megatron-LM's order
   /// (tensor_parallel/cross_entropy.py): the logits maximum (the shift), the target logit,
@@ -1321,7 +1557,7 @@ struct Interpreter::Impl {
 
   /// K and V of a lane's tokens, side by side: rows B*sl, columns [K | V].
   Mat pack_kv(const Mat& k, const Mat& v) const {
-    Mat kv(k.rows, 2 * k.cols);
+    Mat kv = Mat::uninitialized(k.rows, 2 * k.cols);
     set_col_range(kv, 0, k);
     set_col_range(kv, k.cols, v);
     return kv;
@@ -1366,7 +1602,7 @@ struct Interpreter::Impl {
            "Op::input_ready_at_wait would state this instead of the op name");
     const auto gs = lane_groups_of(st, op, GroupKind::CP, "cp_dkv_reducescatter");
     launch(st, op, [this, gs, op, st] {
-      cur_stage = st;
+      t_exec.stage = st;
       for (const auto& g : gs) {
         std::vector<const double*> in;
         size_t len = 0;
@@ -1407,7 +1643,7 @@ struct Interpreter::Impl {
     Bucket bk;
     const RankState& R0 = ranks[sz(stage_ranks[sz(st)].front())];
     const auto& lw = last_write[sz(st)];
-    const int idx = static_cast<int>(cur_idx);
+    const int idx = static_cast<int>(t_exec.idx);
     const bool own = op.grad_bucket == GradBucket::tied_embedding;
     const int word = own_bucket_param[sz(st)];
     if (own && word < 0) die(op, "a tied word-embedding bucket on a stage without a tied word embedding");
@@ -1681,12 +1917,14 @@ struct Interpreter::Impl {
         msg.m = c.m;
       }
       check_size(op, static_cast<double>(msg.m.size() / nd) * kActBytes, "the message");
+      const std::lock_guard<std::mutex> lock(mail_mu);
       mail[{li, to, fwd ? 0 : 1}].push_back({op.micro_batch, virtual_stage(st, op.chunk), std::move(msg)});
     }
   }
 
   bool recv_ready(int st, const Op& op) {
     const bool fwd = op.dir == Direction::forward;
+    const std::lock_guard<std::mutex> lock(mail_mu);
     for (int li : stage_lanes[sz(st)]) {
       auto it = mail.find({peer(lanes[sz(li)], op, fwd ? -1 : 1), li, fwd ? 0 : 1});
       if (it == mail.end() || it->second.empty()) return false;
@@ -1699,10 +1937,14 @@ struct Interpreter::Impl {
     const int64_t want_vs = virtual_stage(st, op.chunk) + (fwd ? -1 : 1);
     for (int li : stage_lanes[sz(st)]) {
       Lane& L = lanes[sz(li)];
-      auto& q = mail[{peer(L, op, fwd ? -1 : 1), li, fwd ? 0 : 1}];
       const bool swap = opt.inject == Injection::pp_microbatch_swap;
-      Msg msg = std::move(swap ? q.back() : q.front());
-      if (swap) q.pop_back(); else q.pop_front();
+      Msg msg;
+      {
+        const std::lock_guard<std::mutex> lock(mail_mu);
+        auto& q = mail[{peer(L, op, fwd ? -1 : 1), li, fwd ? 0 : 1}];
+        msg = std::move(swap ? q.back() : q.front());
+        if (swap) q.pop_back(); else q.pop_front();
+      }
       if (!swap && (msg.mb != op.micro_batch || msg.vs != want_vs))
         problem(op, fmt::format("receives the message of micro-batch {} from virtual stage {} (wanted micro-batch {} "
                                 "from virtual stage {}): sender and receiver orders differ",
@@ -1796,7 +2038,7 @@ struct Interpreter::Impl {
     const Mat& Mx = need(L, layer, mb, Slot::att_m, op, "the online-softmax state (attention_local)");
     const Mat& Ls = *find(L, layer, mb, Slot::att_l);
     const Mat& Acc = *find(L, layer, mb, Slot::att_acc);
-    Mat ctx(B * sl, al * d), lse(B * sl, al);
+    Mat ctx = Mat::uninitialized(B * sl, al * d), lse = Mat::uninitialized(B * sl, al);
     for (int64_t row = 0; row < B * sl; ++row)
       for (int64_t hh = 0; hh < al; ++hh) {
         lse.at(row, hh) = Mx.at(row, hh) + std::log(Ls.at(row, hh));
@@ -1869,25 +2111,36 @@ struct Interpreter::Impl {
 
   /// Unfused attention: scores of this lane's queries against every key of the sequence
   /// (rows (sample, head, query), columns key position), masked.
+  // Unfused attention, one (sample, head, CP block) at a time as small matrix products
+  // (tensor.hpp's kernels: each dot product or sum in the order of the key / query index,
+  // as the element loops they replace).
+  /// Scratch for a transposed K or V block (d x sl), one per thread.
+  static std::vector<double>& block_t(const double* rows, int64_t stride, int64_t n, int64_t width) {
+    thread_local std::vector<double> t;
+    t.resize(sz(n * width));
+    for (int64_t u = 0; u < n; ++u)
+      for (int64_t x = 0; x < width; ++x) t[sz(x * n + u)] = rows[u * stride + x];
+    return t;
+  }
   void scores(Lane& L, int layer, int mb, const Op& op) {
     const Mat& q = need(L, layer, mb, Slot::q, op, "Q (qkv)");
-    Mat sc(B * al * sl, cp * sl, -INFINITY);
+    Mat sc = Mat::uninitialized(B * al * sl, cp * sl);  // every element written below
     const int64_t group = al / gl;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (int64_t j = 0; j < cp; ++j) {
       const KV kv = kv_block(L, layer, mb, j, op);
       for (int64_t bi = 0; bi < B; ++bi)
-        for (int64_t hh = 0; hh < al; ++hh)
-          for (int64_t tq = 0; tq < sl; ++tq) {
-            const double* qr = q.row(bi * sl + tq) + hh * d;
+        for (int64_t hh = 0; hh < al; ++hh) {
+          // S = Q K^T (each dot product from 0), then scaled where the mask allows.
+          const std::vector<double>& kt = block_t(kv.k + bi * sl * kv.stride + (hh / group) * d, kv.stride, sl, d);
+          double* sb = sc.row((bi * al + hh) * sl) + j * sl;
+          gemm_ld(q.row(bi * sl) + hh * d, q.cols, kt.data(), sl, sb, sc.cols, sl, d, sl, false);
+          for (int64_t tq = 0; tq < sl; ++tq)
             for (int64_t u = 0; u < sl; ++u) {
-              if (!allowed(L.cp * sl + tq, j * sl + u)) continue;
-              const double* kr = kv.k + (bi * sl + u) * kv.stride + (hh / group) * d;
-              double dot = 0;
-              for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
-              sc.at((bi * al + hh) * sl + tq, j * sl + u) = dot * scale;
+              double& x = sb[tq * sc.cols + u];
+              x = allowed(L.cp * sl + tq, j * sl + u) ? x * scale : -INFINITY;
             }
-          }
+        }
     }
     put(L, layer, mb, Slot::probs, std::move(sc));
   }
@@ -1898,15 +2151,9 @@ struct Interpreter::Impl {
     for (int64_t j = 0; j < cp; ++j) {
       const KV kv = kv_block(L, layer, mb, j, op);
       for (int64_t bi = 0; bi < B; ++bi)
-        for (int64_t hh = 0; hh < al; ++hh)
-          for (int64_t tq = 0; tq < sl; ++tq) {
-            double* cr = ctx.row(bi * sl + tq) + hh * d;
-            for (int64_t u = 0; u < sl; ++u) {
-              const double w = p.at((bi * al + hh) * sl + tq, j * sl + u);
-              const double* vr = kv.v + (bi * sl + u) * kv.stride + (hh / group) * d;
-              for (int64_t x = 0; x < d; ++x) cr[x] += w * vr[x];
-            }
-          }
+        for (int64_t hh = 0; hh < al; ++hh)  // ctx += P V over the block's keys, in key order
+          gemm_ld(p.row((bi * al + hh) * sl) + j * sl, p.cols, kv.v + bi * sl * kv.stride + (hh / group) * d,
+                  kv.stride, ctx.row(bi * sl) + hh * d, ctx.cols, sl, sl, d, true);
     }
     finish_ctx(L, layer, mb, std::move(ctx), op);
   }
@@ -1934,7 +2181,9 @@ struct Interpreter::Impl {
     c.partial = partial && t > 1;
     c.seq_shard = seq_shard;
   }
-  const double* wptr(RankState& R, LK k, int layer, const Op& op) { return P(R, k, layer, op).value.v.data(); }
+  const double* wptr(Lane& L, int64_t dd, LK k, int layer, const Op& op) {
+    return lane_value(L, dd, k, layer, op).v.data();
+  }
 
   /// True when every replica of the lane holds bitwise the same value of parameter k (the
   /// usual case; ZeRO shards not gathered yet, or a bug, make them differ). Then one kernel
@@ -1942,15 +2191,15 @@ struct Interpreter::Impl {
   /// would. Memoized until a parameter value of the stage changes (epoch).
   bool uniform(Lane& L, LK k, int layer) {
     if (nd == 1) return true;
-    const int pi = pindex(rep(L, 0), k, layer);
+    const int pi = lane_pindex(L, k, layer);
     if (pi < 0) return false;  // P() reports it
     const uint64_t now = epoch[sz(L.stage)];
     if (L.seen[sz(pi)] == now) return L.same[sz(pi)] != 0;
     L.seen[sz(pi)] = now;
-    const Doubles& v0 = rep(L, 0).params[sz(pi)].value.v;
+    const Doubles& v0 = L.val[sz(pi) * sz(nd)]->v;
     uint8_t same = 1;
     for (int64_t dd = 1; dd < nd && same == 1; ++dd) {
-      const Doubles& vd = rep(L, dd).params[sz(pi)].value.v;
+      const Doubles& vd = L.val[sz(pi) * sz(nd) + sz(dd)]->v;
       if (vd.size() != v0.size() || std::memcmp(vd.data(), v0.data(), v0.size() * sizeof(double)) != 0) same = 0;
     }
     L.same[sz(pi)] = same;
@@ -1961,28 +2210,36 @@ struct Interpreter::Impl {
   // [dd * rows / nd, (dd + 1) * rows / nd) and uses its own parameters (one kernel over
   // every row when they are uniform).
   /// x W (each block with its replica's parameter k).
-  Mat linear(Lane& L, const Mat& x, LK k, int layer, const Op& op) {
+  /// With `bias`, then + each replica's bias (add_bias; in the same pass when both the
+  /// weight and the bias are uniform).
+  Mat linear(Lane& L, const Mat& x, LK k, int layer, const Op& op, const LK* bias = nullptr) {
     if (uniform(L, k, layer)) {
-      const Mat& w = P(rep(L, 0), k, layer, op).value;
+      const Mat& w = lane_value(L, 0, k, layer, op);
       if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
       Mat y = Mat::uninitialized(x.rows, w.cols);
+      if (bias != nullptr && uniform(L, *bias, layer)) {
+        gemm_bias(x.v.data(), w.v.data(), wptr(L, 0, *bias, layer, op), y.v.data(), x.rows, x.cols, w.cols);
+        return y;
+      }
       gemm(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.cols, false);
+      if (bias != nullptr) add_bias(L, y, *bias, layer, op);
       return y;
     }
     const int64_t rr = x.rows / nd;
     Mat y;
     for (int64_t dd = 0; dd < nd; ++dd) {
-      const Mat& w = P(rep(L, dd), k, layer, op).value;
+      const Mat& w = lane_value(L, dd, k, layer, op);
       if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
       if (dd == 0) y = Mat::uninitialized(x.rows, w.cols);
       gemm(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.cols, false);
     }
+    if (bias != nullptr) add_bias(L, y, *bias, layer, op);
     return y;
   }
   /// x W^T (each block with its replica's parameter k).
   Mat linear_nt(Lane& L, const Mat& x, LK k, int layer, const Op& op) {
     if (uniform(L, k, layer)) {
-      const Mat& w = P(rep(L, 0), k, layer, op).value;
+      const Mat& w = lane_value(L, 0, k, layer, op);
       if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
       Mat y = Mat::uninitialized(x.rows, w.rows);
       gemm_nt(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.rows, false);
@@ -1991,7 +2248,7 @@ struct Interpreter::Impl {
     const int64_t rr = x.rows / nd;
     Mat y;
     for (int64_t dd = 0; dd < nd; ++dd) {
-      const Mat& w = P(rep(L, dd), k, layer, op).value;
+      const Mat& w = lane_value(L, dd, k, layer, op);
       if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
       if (dd == 0) y = Mat::uninitialized(x.rows, w.rows);
       gemm_nt(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.rows, false);
@@ -2001,19 +2258,32 @@ struct Interpreter::Impl {
   /// Each replica's gradient of k += a^T g over its block (row by row into the gradient).
   void wgrad(Lane& L, LK k, int layer, const Mat& a, const Mat& g, const Op& op) {
     const int pi = lane_param(L, k, layer, op);
-    const GradView& g0 = rep(L, 0).params[sz(pi)].grad;
+    const Mat& g0 = *L.val[sz(pi) * sz(nd)];  // the gradient's shape
     if (g0.rows != a.cols || g0.cols != g.cols || a.rows != g.rows)
       die(op, fmt::format("the gradient of {} does not fit ({} x {})", lk_name(k), a.cols, g.cols));
     const int64_t rr = a.rows / nd;
-    for (int64_t dd = 0; dd < nd; ++dd)
-      gemm_tn(a.row(dd * rr), g.row(dd * rr), lane_grad(L, pi, dd), rr, a.cols, g.cols, true);
+    gemm_tn_batched(a.v.data(), g.v.data(), lane_grad(L, pi, 0), rr, a.cols, g.cols, nd, rr * a.cols, rr * g.cols,
+                    L.psize[sz(pi)]);
     note_write(L, pi, k, layer);
+  }
+  /// y = (y + r) + each replica's bias k, row by row (add_into then add_bias, in one pass).
+  void add_residual_bias(Lane& L, Mat& y, const Mat& r, LK k, int layer, const Op& op) {
+    if (y.rows != r.rows || y.cols != r.cols) add_into(y, r);  // throws its shape error
+    const int64_t rr = uniform(L, k, layer) ? y.rows : y.rows / nd;
+    for (int64_t dd = 0; dd < y.rows / rr; ++dd) {
+      const double* bias = wptr(L, dd, k, layer, op);
+      for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i) {
+        double* yi = y.row(i);
+        const double* ri = r.row(i);
+        for (int64_t j = 0; j < y.cols; ++j) yi[j] = (yi[j] + ri[j]) + bias[j];
+      }
+    }
   }
   /// Adds each replica's bias k to its rows.
   void add_bias(Lane& L, Mat& y, LK k, int layer, const Op& op) {
     const int64_t rr = uniform(L, k, layer) ? y.rows : y.rows / nd;
     for (int64_t dd = 0; dd < y.rows / rr; ++dd) {
-      const double* bias = wptr(rep(L, dd), k, layer, op);
+      const double* bias = wptr(L, dd, k, layer, op);
       for (int64_t i = dd * rr; i < (dd + 1) * rr; ++i) {
         double* yi = y.row(i);
         for (int64_t j = 0; j < y.cols; ++j) yi[j] += bias[j];
@@ -2051,19 +2321,52 @@ struct Interpreter::Impl {
     const bool one = uniform(L, w, layer) && (!M.layernorm || uniform(L, bb, layer));
     const int64_t rr = one ? x.rows : x.rows / nd;
     NormCache cache;
-    cache.xhat = Mat::uninitialized(x.rows, x.cols);
-    cache.rstd.assign(sz(x.rows), 0.0);
-    Mat y = Mat::uninitialized(x.rows, x.cols);
-    for (int64_t dd = 0; dd < x.rows / rr; ++dd) {
-      RankState& R = rep(L, dd);
-      norm_forward_rows(x.row(dd * rr), rr, x.cols, wptr(R, w, layer, op),
-                        M.layernorm ? wptr(R, bb, layer, op) : nullptr, M.layernorm, y.row(dd * rr),
-                        cache.xhat.row(dd * rr), cache.rstd.data() + dd * rr);
+    Mat y;
+    const uint64_t stamp = (static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(t_exec.idx);
+    if (!reuse_norm(L, op, x, w, bb, out, one, cache, y)) {
+      cache.xhat = Mat::uninitialized(x.rows, x.cols);
+      cache.rstd.assign(sz(x.rows), 0.0);
+      y = Mat::uninitialized(x.rows, x.cols);
+      for (int64_t dd = 0; dd < x.rows / rr; ++dd) {
+        norm_forward_rows(x.row(dd * rr), rr, x.cols, wptr(L, dd, w, layer, op),
+                          M.layernorm ? wptr(L, dd, bb, layer, op) : nullptr, M.layernorm, y.row(dd * rr),
+                          cache.xhat.row(dd * rr), cache.rstd.data() + dd * rr);
+      }
     }
+    L.norm_stamp = stamp;
     put(L, layer, mb, Slot::res, std::move(x));
     put_norm(L, layer, mb, out, std::move(cache));
     put(L, layer, mb, out, y);
     set_chain(L, op, std::move(y), tag, false, sp);
+  }
+  /// Without sequence parallelism the TP ranks of a group normalize the same residual
+  /// stream with the same (replicated) weights: when lane L's input and the weights each
+  /// of its row blocks uses are bitwise those of the first lane of its TP group, which ran
+  /// this op just before, that lane's output and statistics are L's (the same kernel on the
+  /// same bits), copied instead of recomputed. False: L computes them itself.
+  bool reuse_norm(Lane& L, const Op& op, const Mat& x, LK w, LK bb, Slot out, bool one, NormCache& cache, Mat& y) {
+    if (sp || L.tp_first < 0 || L.tp_first == L.index) return false;
+    Lane& D = lanes[sz(L.tp_first)];
+    if (D.norm_stamp != ((static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(t_exec.idx))) return false;
+    const int layer = op.layer, mb = op.micro_batch;
+    const Mat* dx = find(D, layer, mb, Slot::res);
+    const NormCache* dc = find_norm(D, layer, mb, out);
+    const Mat* dy = find(D, layer, mb, out);
+    if (dx == nullptr || dc == nullptr || dy == nullptr || dx->rows != x.rows || dx->cols != x.cols ||
+        std::memcmp(dx->v.data(), x.v.data(), sz(x.size()) * sizeof(double)) != 0)
+      return false;
+    const bool one_d = uniform(D, w, layer) && (!M.layernorm || uniform(D, bb, layer));
+    auto same = [&](LK k, int64_t dd) {
+      const Mat& a = lane_value(L, one ? 0 : dd, k, layer, op);
+      const Mat& b = lane_value(D, one_d ? 0 : dd, k, layer, op);
+      return a.v.size() == b.v.size() && std::memcmp(a.v.data(), b.v.data(), a.v.size() * sizeof(double)) == 0;
+    };
+    for (int64_t dd = 0; dd < (one && one_d ? 1 : nd); ++dd)
+      if (!same(w, dd) || (M.layernorm && !same(bb, dd))) return false;
+    cache.xhat = dc->xhat;
+    cache.rstd = dc->rstd;
+    y = *dy;
+    return true;
   }
   Mat norm_bwd(Lane& L, const Op& op, LK w, LK bb, Slot cache_slot, Tag dtag) {
     const int layer = op.layer, mb = op.micro_batch;
@@ -2075,9 +2378,9 @@ struct Interpreter::Impl {
     const int64_t rr = c.m.rows / nd;
     const int pw = lane_param(L, w, layer, op), pb = M.layernorm ? lane_param(L, bb, layer, op) : -1;
     const bool one = uniform(L, w, layer);
-    Mat dx(c.m.rows, c.m.cols);
+    Mat dx = Mat::uninitialized(c.m.rows, c.m.cols);
     for (int64_t dd = 0; dd < nd; ++dd) {
-      const double* wv = rep(L, one ? 0 : dd).params[sz(pw)].value.v.data();
+      const double* wv = L.val[sz(pw) * sz(nd) + sz(one ? 0 : dd)]->v.data();
       norm_backward_rows(c.m.row(dd * rr), rr, c.m.cols, wv, M.layernorm, cache->xhat.row(dd * rr),
                          cache->rstd.data() + dd * rr, lane_grad(L, pw, dd), pb >= 0 ? lane_grad(L, pb, dd) : nullptr,
                          dx.row(dd * rr));
@@ -2147,8 +2450,8 @@ struct Interpreter::Impl {
       case Fn::final_norm: norm_fwd(L, op, LK::final_w, LK::final_b, Slot::nf, Tag::normf); break;
       case Fn::qkv: {
         const Reg& c = expect(L, op, {Tag::norm1}, "the input_norm output", true);
-        Mat y = linear(L, c.m, LK::qkv_w, Ly, op);
-        if (M.bias) add_bias(L, y, LK::qkv_b, Ly, op);
+        const LK qkv_b = LK::qkv_b;
+        Mat y = linear(L, c.m, LK::qkv_w, Ly, op, M.bias ? &qkv_b : nullptr);
         put(L, Ly, mb, Slot::q, col_range(y, 0, al * d));
         put(L, Ly, mb, Slot::k, col_range(y, al * d, (al + gl) * d));
         put(L, Ly, mb, Slot::v, col_range(y, (al + gl) * d, (al + 2 * gl) * d));
@@ -2201,8 +2504,10 @@ struct Interpreter::Impl {
         const bool attn = c.tag == Tag::attn_out;
         Mat x = std::move(need(L, Ly, mb, Slot::res, op, "the residual"));  // consumed here
         drop(L, Ly, mb, Slot::res);
-        add_into(x, c.m);
-        if (M.bias) add_bias(L, x, attn ? LK::out_b : LK::down_b, Ly, op);
+        if (M.bias)
+          add_residual_bias(L, x, c.m, attn ? LK::out_b : LK::down_b, Ly, op);
+        else
+          add_into(x, c.m);
         frame(L, Ly, mb, true)->tape.push_back(c.tag);
         set_chain(L, op, std::move(x), Tag::stream, false, sp);
         if (!attn && op.phase == Phase::forward) layer_forward_done(L, Ly, mb);
@@ -2211,8 +2516,8 @@ struct Interpreter::Impl {
       case Fn::mlp_up: {
         const Reg& c = expect(L, op, {Tag::norm2}, "the post_attention_norm output", true);
         if (M.swiglu) put(L, Ly, mb, Slot::tmp_in, c.m);  // for mlp_gate
-        Mat u = linear(L, c.m, LK::up_w, Ly, op);
-        if (M.bias) add_bias(L, u, LK::up_b, Ly, op);
+        const LK up_b = LK::up_b;
+        Mat u = linear(L, c.m, LK::up_w, Ly, op, M.bias ? &up_b : nullptr);
         put(L, Ly, mb, Slot::u, u);
         set_chain(L, op, std::move(u), Tag::col_mlp, false, false);
         break;
@@ -2224,7 +2529,7 @@ struct Interpreter::Impl {
       case Fn::swiglu: {
         expect(L, op, {Tag::col_mlp}, "the mlp_up output", true);
         const Mat& u = need(L, Ly, mb, Slot::u, op, "the mlp_up output");
-        Mat a(u.rows, u.cols);
+        Mat a = Mat::uninitialized(u.rows, u.cols);
         if (fn == Fn::swiglu) {
           const Mat& g = need(L, Ly, mb, Slot::g, op, "the mlp_gate output");
           for (int64_t i = 0; i < u.size(); ++i) a.v[sz(i)] = silu(g.v[sz(i)]) * u.v[sz(i)];
@@ -2330,10 +2635,10 @@ struct Interpreter::Impl {
       case Fn::swiglu_bwd: {
         const Reg& c = expect(L, op, {Tag::d_act}, "the activation gradient", true);
         const Mat& u = need(L, Ly, mb, Slot::u, op, "the mlp_up output");
-        Mat du(u.rows, u.cols);
+        Mat du = Mat::uninitialized(u.rows, u.cols);
         if (fn == Fn::swiglu_bwd) {
           const Mat& g = need(L, Ly, mb, Slot::g, op, "the mlp_gate output");
-          Mat dg(u.rows, u.cols);
+          Mat dg = Mat::uninitialized(u.rows, u.cols);
           for (int64_t i = 0; i < u.size(); ++i) {
             du.v[sz(i)] = c.m.v[sz(i)] * silu(g.v[sz(i)]);
             dg.v[sz(i)] = c.m.v[sz(i)] * u.v[sz(i)] * silu_grad(g.v[sz(i)]);
@@ -2404,28 +2709,23 @@ struct Interpreter::Impl {
       case Fn::attention_values_bwd: {
         const Mat& p = need(L, Ly, mb, Slot::probs, op, "the attention probabilities (forward or recompute)");
         const Mat& dctx = need(L, Ly, mb, Slot::dctx, op, "the attention output gradient");
-        Mat dp(p.rows, p.cols);
+        Mat dp = Mat::uninitialized(p.rows, p.cols);  // every element written below
         Mat dkv(cp * B * sl, 2 * gl * d);
         const int64_t group = al / gl, kvw = gl * d;
         for (int64_t j = 0; j < cp; ++j) {
           const KV kv = kv_block(L, Ly, mb, j, op);
           for (int64_t bi = 0; bi < B; ++bi)
-            for (int64_t hh = 0; hh < al; ++hh)
-              for (int64_t tq = 0; tq < sl; ++tq) {
-                const double* dor = dctx.row(bi * sl + tq) + hh * d;
-                for (int64_t u = 0; u < sl; ++u) {
-                  const int64_t prow = (bi * al + hh) * sl + tq, col = j * sl + u, kh = hh / group;
-                  const double* vr = kv.v + (bi * sl + u) * kv.stride + kh * d;
-                  double* dvr = dkv.row(j * B * sl + bi * sl + u) + kvw + kh * d;
-                  const double pw = p.at(prow, col);
-                  double x = 0;
-                  for (int64_t e = 0; e < d; ++e) {
-                    x += dor[e] * vr[e];
-                    dvr[e] += pw * dor[e];
-                  }
-                  dp.at(prow, col) = x;
-                }
-              }
+            for (int64_t hh = 0; hh < al; ++hh) {
+              const int64_t kh = hh / group;
+              const double* dob = dctx.row(bi * sl) + hh * d;
+              const double* pb = p.row((bi * al + hh) * sl) + j * sl;
+              // dP = dO V^T (each from 0); dV += P^T dO, over the queries in order (heads of
+              // a KV group one after another).
+              const std::vector<double>& vt = block_t(kv.v + bi * sl * kv.stride + kh * d, kv.stride, sl, d);
+              gemm_ld(dob, dctx.cols, vt.data(), sl, dp.row((bi * al + hh) * sl) + j * sl, dp.cols, sl, d, sl, false);
+              gemm_tn_ld(pb, p.cols, dob, dctx.cols, dkv.row(j * B * sl + bi * sl) + kvw + kh * d, dkv.cols, sl, sl, d,
+                         true);
+            }
         }
         put(L, Ly, mb, Slot::dprobs, std::move(dp));
         put(L, Ly, mb, Slot::dkv_all, std::move(dkv));
@@ -2486,7 +2786,7 @@ struct Interpreter::Impl {
         const Mat& dq = need(L, Ly, mb, Slot::dq, op, "dQ");
         const Mat& dk = need(L, Ly, mb, Slot::dk, op, "dK at its owner (cp_dkv_reducescatter)");
         const Mat& dv = need(L, Ly, mb, Slot::dv, op, "dV at its owner (cp_dkv_reducescatter)");
-        Mat dqkv(B * sl, (al + 2 * gl) * d);
+        Mat dqkv = Mat::uninitialized(B * sl, (al + 2 * gl) * d);
         set_col_range(dqkv, 0, dq);
         set_col_range(dqkv, al * d, dk);
         set_col_range(dqkv, (al + gl) * d, dv);
@@ -2547,6 +2847,7 @@ struct Interpreter::Impl {
 
   // ------------------------------------------------------------------ optimizer -------
   void optimizer(int st, const Op& op) {
+    ref->wait_done();  // the reference gradient is final (streamed reference steps)
     const refmath::AdamHyper hp = verify_adam();
     const bool local = opt.inject == Injection::adam_before_sync;
     if (dpcp > 1 && !local) {  // every gradient reduced exactly once in its scope
@@ -2565,8 +2866,10 @@ struct Interpreter::Impl {
     for (int64_t r : stage_ranks[sz(st)]) {
       RankState& R = ranks[sz(r)];
       for (auto& p : R.params) {
-        std::vector<int64_t> elems;
-        std::vector<double> g(sz(p.size()));
+        std::vector<int64_t>& elems = t_opt.elems;  // this thread's scratch, reused
+        std::vector<double>& g = t_opt.g;
+        elems.clear();
+        g.assign(sz(p.size()), 0.0);
         for (int64_t e = 0; e < p.size(); ++e) {
           bool use = false;
           if (local) {
@@ -2595,7 +2898,10 @@ struct Interpreter::Impl {
           std::fill(p.fresh.begin(), p.fresh.end(), 0);
           continue;
         }
-        Vector vals, grads;
+        Vector& vals = t_opt.vals;
+        Vector& grads = t_opt.grads;
+        vals.clear();
+        grads.clear();
         for (int64_t e : elems) {
           vals.push_back(p.value.v[sz(e)]);
           grads.push_back(g[sz(e)]);
@@ -2640,8 +2946,8 @@ struct Interpreter::Impl {
   void exec(int st, size_t idx) {
     const Op& op = plan.stages[sz(st)].ops[idx];
     const Fn fn = fns[sz(st)][idx];
-    cur_stage = st;
-    cur_idx = idx;
+    t_exec.stage = st;
+    t_exec.idx = idx;
     switch (fn) {
       case Fn::send: send(st, op); return;
       case Fn::recv: recv(st, op); return;
@@ -2670,10 +2976,361 @@ struct Interpreter::Impl {
     }
   }
 
-  void run_step(int s, const Batch& bt, const RefStep* rf) {
+  // ------------------------------------------------------------------ schedule --------
+  /// The serial order of the ops: the stages round-robin, each running until it waits for
+  /// a message it has not received or at an embedding-group collective its partner stage
+  /// has not reached (the partner that arrives last executes it). Derived from the ops
+  /// alone: whether a message is there depends only on how many were sent. ok == false:
+  /// the plan deadlocks or has a send / embedding collective that cannot run; run_serial
+  /// then reports it.
+  struct Schedule {
+    bool ok = false;
+    std::vector<std::vector<int64_t>> seq;     // [stage][op] position in the serial order
+    std::vector<std::vector<uint8_t>> runs;    // [stage][op] embed_grad: this stage executes it
+    std::vector<std::vector<int>> rendezvous;  // [stage][op] embed_grad: index of the pair
+    int pairs = 0;
+  };
+  Schedule sched;
+
+  void build_schedule() {
+    Schedule& S = sched;
+    S.seq.assign(sz(pp), {});
+    S.runs.assign(sz(pp), {});
+    S.rendezvous.assign(sz(pp), {});
+    for (int64_t st = 0; st < pp; ++st) {
+      const size_t n = plan.stages[sz(st)].ops.size();
+      S.seq[sz(st)].assign(n, -1);
+      S.runs[sz(st)].assign(n, 0);
+      S.rendezvous[sz(st)].assign(n, -1);
+    }
+    std::map<std::tuple<int64_t, int64_t, int>, int64_t> queued;  // (from, to, backward) -> messages
+    std::vector<size_t> pc(sz(pp), 0);
+    int64_t next = 0;
+    while (true) {
+      bool done = true, progress = false;
+      for (int64_t st = 0; st < pp; ++st) {
+        const auto& ops = plan.stages[sz(st)].ops;
+        size_t& i = pc[sz(st)];
+        while (i < ops.size()) {
+          const Op& op = ops[i];
+          const Fn fn = fns[sz(st)][i];
+          const int dir = op.dir == Direction::forward ? 0 : 1;
+          if (op.type == OpType::recv) {
+            const int64_t from = op.peer_stage >= 0 ? op.peer_stage : st + (dir == 0 ? -1 : 1);
+            auto it = queued.find({from, st, dir});
+            if (it == queued.end() || it->second == 0) break;
+            --it->second;
+          } else if (fn == Fn::embed_grad) {
+            if (st != 0 && st != pp - 1) return;
+            const int64_t other = st == 0 ? pp - 1 : 0;
+            if (other == st) return;
+            const size_t j = pc[sz(other)];
+            if (j >= plan.stages[sz(other)].ops.size() || fns[sz(other)][j] != Fn::embed_grad) break;
+            S.runs[sz(st)][i] = 1;
+            S.rendezvous[sz(st)][i] = S.rendezvous[sz(other)][j] = S.pairs++;
+            S.seq[sz(st)][i] = next++;
+            ++i;
+            ++pc[sz(other)];
+            progress = true;
+            continue;
+          } else if (fn == Fn::send) {
+            const int64_t to = op.peer_stage >= 0 ? op.peer_stage : st + (dir == 0 ? 1 : -1);
+            if (to < 0 || to >= pp) return;
+            ++queued[{st, to, dir}];
+          }
+          S.seq[sz(st)][i] = next++;
+          ++i;
+          progress = true;
+        }
+        if (i < ops.size()) done = false;
+      }
+      if (done) break;
+      if (!progress) return;
+    }
+    S.ok = true;
+    sched_ops = next;
+  }
+  int64_t sched_ops = 0;  // ops in the serial order (compare_rank's keys follow them)
+
+  // ------------------------------------------------------------------ drivers ---------
+  /// The ops in the serial order on this thread; reports deadlocks.
+  void run_serial() {
+    std::vector<size_t> pc(sz(pp), 0);
+    int64_t next = 0;
+    auto enter = [&](int st) {
+      t_exec.stage = st;
+      t_exec.idx = pc[sz(st)];
+      t_exec.key = next;
+      t_exec.out = &outs[sz(st)];
+    };
+    while (true) {
+      bool done = true, progress = false;
+      for (int st = 0; st < static_cast<int>(pp); ++st) {
+        const auto& ops = plan.stages[sz(st)].ops;
+        while (pc[sz(st)] < ops.size()) {
+          const Op& op = ops[pc[sz(st)]];
+          if (op.type == OpType::recv && !recv_ready(st, op)) break;
+          if (fns[sz(st)][pc[sz(st)]] == Fn::embed_grad) {  // a collective across two stages
+            enter(st);
+            if (st != 0 && st != pp - 1) die(op, "an embedding-group collective on a middle stage");
+            const int other = st == 0 ? static_cast<int>(pp - 1) : 0;
+            if (other == st) die(op, "an embedding-group collective with one pipeline stage");
+            const auto& oops = plan.stages[sz(other)].ops;
+            if (pc[sz(other)] >= oops.size() || fns[sz(other)][pc[sz(other)]] != Fn::embed_grad) break;
+            embed_grad(op);
+            ++next;
+            ++pc[sz(st)];
+            ++pc[sz(other)];
+            progress = true;
+            continue;
+          }
+          enter(st);
+          exec(st, pc[sz(st)]);
+          ++next;
+          ++pc[sz(st)];
+          progress = true;
+        }
+        if (pc[sz(st)] < ops.size()) done = false;
+      }
+      if (done) break;
+      if (!progress) {
+        t_exec = ExecCtx{};
+        merge_outs();
+        std::string waiting;
+        for (int st = 0; st < static_cast<int>(pp); ++st)
+          if (pc[sz(st)] < plan.stages[sz(st)].ops.size()) {
+            t_exec.stage = st;
+            t_exec.idx = pc[sz(st)];
+            waiting += (waiting.empty() ? "" : "; ") + where(plan.stages[sz(st)].ops[pc[sz(st)]]);
+          }
+        problem("deadlock: every stage waits for a message: " + waiting);
+        throw PlanFatal("deadlock");
+      }
+    }
+  }
+
+  // Stages on several threads. A thread claims a stage (busy), runs its ops until the next
+  // one waits for a message or a rendezvous, and releases it; stages touch only their own
+  // ranks and lanes, except P2P messages (mail_mu) and the embedding-group collective, which
+  // the stage that runs it in the serial order executes once its partner has arrived (the
+  // partner is parked at it meanwhile). Every op records with its serial position
+  // (Schedule::seq) into its stage's StageOut, merged after the step. An exception in a
+  // stage (a plan problem) stops every thread; the step's state is then unusable and the
+  // verification is redone on one thread (Interpreter::rerun_serial).
+  int threads = 1;
+  std::vector<std::thread> workers;
+  std::function<void(int)> job;         // what the workers run when job_gen is bumped
+  std::atomic<uint32_t> job_gen{0};     // bumped to start the workers on a job
+  std::atomic<int> job_left{0};         // workers still on the step
+  bool quitting = false;
+  std::vector<size_t> run_pc;           // [stage] next op
+  std::unique_ptr<std::atomic<uint8_t>[]> stage_busy, stage_done;
+  std::unique_ptr<std::atomic<uint32_t>[]> inbox, blocked_at;  // [stage] see run_stage
+  std::unique_ptr<std::atomic<uint8_t>[]> arrived, delivered;  // [rendezvous]
+  std::atomic<int64_t> stages_left{0};
+  std::atomic<uint32_t> events{0};      // bumped whenever a stage moved on (wakes waiting threads)
+  std::atomic<bool> aborted{false};
+  bool parallel_failed = false;
+  const RefState* after_src = nullptr;  // the reference's state after this step
+  bool last_step = false;               // free each stage's data once compared
+  std::vector<uint8_t> stage_finished;  // [stage] finish_stage done this step
+
+  bool parallel() const { return threads > 1; }
+
+  void start_workers() {
+    int n = opt.threads > 0 ? opt.threads : static_cast<int>(std::thread::hardware_concurrency());
+    n = static_cast<int>(std::min<int64_t>(std::max(n, 1), pp));
+    if (!sched.ok || opt.inject == Injection::pp_microbatch_swap) n = 1;  // swap: the newest message depends on timing
+    threads = n;
+    if (threads <= 1) return;
+    stage_busy = std::make_unique<std::atomic<uint8_t>[]>(sz(pp));
+    inbox = std::make_unique<std::atomic<uint32_t>[]>(sz(pp));
+    blocked_at = std::make_unique<std::atomic<uint32_t>[]>(sz(pp));
+    stage_done = std::make_unique<std::atomic<uint8_t>[]>(sz(pp));
+    arrived = std::make_unique<std::atomic<uint8_t>[]>(sz(std::max(sched.pairs, 1)));
+    delivered = std::make_unique<std::atomic<uint8_t>[]>(sz(std::max(sched.pairs, 1)));
+    try {
+      for (int w = 1; w < threads; ++w)
+        workers.emplace_back([this, w] {
+          uint32_t seen = 0;
+          while (true) {
+            job_gen.wait(seen);
+            seen = job_gen.load();
+            if (quitting) return;
+            job(w);
+            if (job_left.fetch_sub(1) == 1) job_left.notify_all();
+          }
+        });
+    } catch (const std::system_error&) {  // no more threads: run on those started
+      threads = static_cast<int>(workers.size()) + 1;
+    }
+  }
+  /// Runs f(w) on every thread w (0: this one) and waits for all.
+  void run_on_all(std::function<void(int)> f) {
+    job = std::move(f);
+    job_left.store(threads - 1);
+    job_gen.fetch_add(1);
+    job_gen.notify_all();
+    job(0);
+    for (int n = job_left.load(); n != 0; n = job_left.load()) job_left.wait(n);
+  }
+  /// Frees thread w's share of the stages' ranks, lanes and frames, then this thread's
+  /// recycled storage: the interpreter's destruction on every thread.
+  void free_stages(int w) {
+    for (int64_t st = static_cast<int64_t>(w) * pp / threads; st < (static_cast<int64_t>(w) + 1) * pp / threads; ++st) {
+      pending[sz(st)].clear();
+      free_stage(st);
+    }
+    if (w > 0) pool_release();
+  }
+  void stop_workers() {
+    if (workers.empty()) return;
+    run_on_all([this](int w) { free_stages(w); });
+    quitting = true;
+    job_gen.fetch_add(1);
+    job_gen.notify_all();
+    for (auto& w : workers) w.join();
+    workers.clear();
+  }
+
+  /// Runs the step's ops on `threads` threads; false when a stage failed.
+  bool run_parallel() {
+    run_pc.assign(sz(pp), 0);
+    stage_finished.assign(sz(pp), 0);
+    for (int64_t st = 0; st < pp; ++st) {
+      inbox[sz(st)].store(0);
+      blocked_at[sz(st)].store(std::numeric_limits<uint32_t>::max());
+      stage_busy[sz(st)].store(0);
+      stage_done[sz(st)].store(plan.stages[sz(st)].ops.empty() ? 1 : 0);
+    }
+    int64_t left = 0;
+    for (int64_t st = 0; st < pp; ++st) left += stage_done[sz(st)].load() ? 0 : 1;
+    for (int k = 0; k < sched.pairs; ++k) {
+      arrived[sz(k)].store(0);
+      delivered[sz(k)].store(0);
+    }
+    stages_left.store(left);
+    aborted.store(false);
+    run_on_all([this](int w) { work(w); });
+    t_exec = ExecCtx{};
+    if (aborted.load()) {
+      parallel_failed = true;
+      return false;
+    }
+    try {
+      for (int64_t st = 0; st < pp; ++st)
+        if (!stage_finished[sz(st)]) finish_stage(static_cast<int>(st));  // stages without ops
+    } catch (...) {
+      parallel_failed = true;
+      return false;
+    }
+    return true;
+  }
+
+  void wake() {
+    events.fetch_add(1, std::memory_order_release);
+    events.notify_all();
+  }
+
+  /// One thread's share: claim any stage that is not busy or done (starting from this
+  /// thread's part of the pipeline), run it as far as it goes, repeat; sleep when no stage
+  /// moved on.
+  void work(int w) {
+    const int64_t first = static_cast<int64_t>(w) * pp / threads;
+    try {
+      while (stages_left.load() > 0 && !aborted.load()) {
+        const uint32_t ev = events.load(std::memory_order_acquire);
+        bool moved = false;
+        for (int64_t k = 0; k < pp && !aborted.load(std::memory_order_relaxed); ++k) {
+          const int64_t st = (first + k) % pp;
+          if (stage_done[sz(st)].load(std::memory_order_acquire)) continue;
+          if (blocked_at[sz(st)].load(std::memory_order_relaxed) == inbox[sz(st)].load(std::memory_order_acquire))
+            continue;  // still waiting: nothing arrived since it stopped
+          uint8_t idle = 0;
+          if (!stage_busy[sz(st)].compare_exchange_strong(idle, 1, std::memory_order_acquire)) continue;
+          const size_t before = run_pc[sz(st)];
+          bool signalled = false;
+          run_stage(static_cast<int>(st), signalled);
+          const bool finished = run_pc[sz(st)] == plan.stages[sz(st)].ops.size();
+          const bool progressed = run_pc[sz(st)] != before;
+          if (finished) finish_stage(static_cast<int>(st));
+          if (finished) stage_done[sz(st)].store(1, std::memory_order_release);
+          stage_busy[sz(st)].store(0, std::memory_order_release);
+          if (finished) stages_left.fetch_sub(1);
+          if (progressed || signalled) {
+            moved = true;
+            wake();
+          }
+        }
+        if (!moved && stages_left.load() > 0) events.wait(ev, std::memory_order_acquire);
+      }
+    } catch (...) {
+      aborted.store(true);
+      wake();
+    }
+    t_exec = ExecCtx{};
+    if (last_step && w > 0) pool_release();  // this thread's recycled storage: no further use
+  }
+
+  /// Runs stage st's ops until one must wait. `signalled`: it arrived at a rendezvous.
+  void run_stage(int st, bool& signalled) {
+    const auto& ops = plan.stages[sz(st)].ops;
+    size_t i = run_pc[sz(st)];  // a local copy: run_pc is shared with the other threads' stages
+    struct Save {
+      size_t& to;
+      const size_t& from;
+      ~Save() { to = from; }
+    } save{run_pc[sz(st)], i};
+    // Waiting: the stage's inbox count read before the check that failed (work() skips the
+    // stage until something arrives for it).
+    auto blocked = [&](uint32_t seen) { blocked_at[sz(st)].store(seen, std::memory_order_relaxed); };
+    while (i < ops.size()) {
+      const Op& op = ops[i];
+      if (op.type == OpType::recv) {
+        const uint32_t seen = inbox[sz(st)].load(std::memory_order_acquire);
+        if (!recv_ready(st, op)) return blocked(seen);
+      }
+      if (fns[sz(st)][i] == Fn::embed_grad) {
+        const size_t k = sz(sched.rendezvous[sz(st)][i]);
+        const int64_t other = st == 0 ? pp - 1 : 0;
+        const uint32_t seen = inbox[sz(st)].load(std::memory_order_acquire);
+        if (sched.runs[sz(st)][i]) {
+          if (!arrived[k].load(std::memory_order_acquire)) return blocked(seen);
+          t_exec = ExecCtx{st, i, sched.seq[sz(st)][i], &outs[sz(st)]};
+          embed_grad(op);
+          delivered[k].store(1, std::memory_order_release);
+          post(other);
+        } else {
+          if (!arrived[k].load(std::memory_order_relaxed)) {
+            arrived[k].store(1, std::memory_order_release);
+            post(other);
+            signalled = true;
+          }
+          if (!delivered[k].load(std::memory_order_acquire)) return blocked(seen);
+        }
+        ++i;
+        continue;
+      }
+      t_exec = ExecCtx{st, i, sched.seq[sz(st)][i], &outs[sz(st)]};
+      exec(st, i);
+      ++i;
+      if (op.type == OpType::send) {  // the receiving stage may go on now
+        post(op.peer_stage >= 0 ? op.peer_stage : st + (op.dir == Direction::forward ? 1 : -1));
+        wake();
+      }
+    }
+  }
+  /// Something arrived for stage st (a message, a rendezvous partner or its result).
+  void post(int64_t st) {
+    if (st >= 0 && st < pp) inbox[sz(st)].fetch_add(1, std::memory_order_release);
+  }
+
+  void run_step(int s, const Batch& bt, const RefStep* rf, const RefState& after, bool last) {
     step = s;
     batch = &bt;
     ref = rf;
+    after_src = &after;
+    last_step = last;
     reduced_mb.assign(sz(pp), {});
     reduced_step.assign(sz(pp), {});
     for (int64_t st = 0; st < pp; ++st) {
@@ -2687,7 +3344,7 @@ struct Interpreter::Impl {
       for (Frame*& f : L.frames)
         if (f != nullptr) {
           f->reset();
-          frame_free.push_back(f);
+          frame_free[sz(L.stage)].push_back(f);
           f = nullptr;
         }
       std::fill(L.ce_stage.begin(), L.ce_stage.end(), 0);
@@ -2703,47 +3360,19 @@ struct Interpreter::Impl {
         if (dpcp == 1) p.owned.assign(sz(p.size()), 1);  // else: kept from the last ReduceScatter
       }
     }
-    std::vector<size_t> pc(sz(pp), 0);
-    while (true) {
-      bool done = true, progress = false;
-      for (int st = 0; st < static_cast<int>(pp); ++st) {
-        const auto& ops = plan.stages[sz(st)].ops;
-        while (pc[sz(st)] < ops.size()) {
-          const Op& op = ops[pc[sz(st)]];
-          if (op.type == OpType::recv && !recv_ready(st, op)) break;
-          if (fns[sz(st)][pc[sz(st)]] == Fn::embed_grad) {  // a collective across two stages
-            cur_stage = st;
-            cur_idx = pc[sz(st)];
-            if (st != 0 && st != pp - 1) die(op, "an embedding-group collective on a middle stage");
-            const int other = st == 0 ? static_cast<int>(pp - 1) : 0;
-            if (other == st) die(op, "an embedding-group collective with one pipeline stage");
-            const auto& oops = plan.stages[sz(other)].ops;
-            if (pc[sz(other)] >= oops.size() || fns[sz(other)][pc[sz(other)]] != Fn::embed_grad) break;
-            embed_grad(op);
-            ++pc[sz(st)];
-            ++pc[sz(other)];
-            progress = true;
-            continue;
-          }
-          exec(st, pc[sz(st)]);
-          ++pc[sz(st)];
-          progress = true;
-        }
-        if (pc[sz(st)] < ops.size()) done = false;
-      }
-      if (done) break;
-      if (!progress) {
-        std::string waiting;
-        for (int st = 0; st < static_cast<int>(pp); ++st)
-          if (pc[sz(st)] < plan.stages[sz(st)].ops.size()) {
-            cur_stage = st;
-            cur_idx = pc[sz(st)];
-            waiting += (waiting.empty() ? "" : "; ") + where(plan.stages[sz(st)].ops[pc[sz(st)]]);
-          }
-        problem("deadlock: every stage waits for a message: " + waiting);
-        throw PlanFatal("deadlock");
+    if (parallel()) {
+      if (!run_parallel()) return;  // a stage failed: Interpreter::run_step falls back to one thread
+    } else {
+      try {
+        run_serial();
+      } catch (...) {
+        t_exec = ExecCtx{};
+        merge_outs();
+        throw;
       }
     }
+    t_exec = ExecCtx{};
+    merge_outs();
     for (int64_t st = 0; st < pp; ++st)
       if (!pending[sz(st)].empty())
         problem(fmt::format("stage {}: {} issued collective(s) never waited for", st, pending[sz(st)].size()));
@@ -2756,13 +3385,32 @@ struct Interpreter::Impl {
     for (int64_t r : stage_ranks[sz(pp - 1)])
       if (ranks[sz(r)].c.tp == 0) loss += ranks[sz(r)].loss_scaled;
     loss /= static_cast<double>(dpcp);
+    ref->wait_done();
     const double e = abs_err(loss, ref->loss);
     record(kLoss, e, [&] { return fmt::format("global loss at step {}: {} vs {}", step, loss, ref->loss); });
+    if (!parallel()) {  // run_parallel compared each stage when it finished
+      const auto state = after();
+      compare_state(s, *state.first, *state.second);
+    }
   }
 
-  void compare_state(int s, const std::vector<double>& ref_params, const refmath::AdamState& ref_adam) {
-    for (const auto& R : ranks)
-      for (const auto& p : R.params) {
+  /// Rank R's parameters and Adam moments after step s against the reference's.
+  void compare_rank(const RankState& R, int s, const std::vector<double>& ref_params,
+                    const refmath::AdamState& ref_adam) {
+    for (const auto& p : R.params) {
+      // The parameter's largest error first; element by element only when it may set the
+      // worst value (record's rule), else the count alone.
+      double mx = 0;
+      int64_t fresh = 0;
+      for (int64_t e = 0; e < p.size(); ++e)
+        if (p.fresh[sz(e)]) {
+          mx = std::max(mx, abs_err(p.value.v[sz(e)], ref_params[sz(p.gidx[sz(e)])]));
+          ++fresh;
+        }
+      Acc& a = cur_acc(kZeRO);
+      if (!a.worst.empty() && mx <= a.max_err) {
+        a.n += fresh;
+      } else {
         for (int64_t e = 0; e < p.size(); ++e) {
           if (!p.fresh[sz(e)]) continue;  // not this step's value yet (gathered before its next use)
           const double want = ref_params[sz(p.gidx[sz(e)])];
@@ -2771,14 +3419,48 @@ struct Interpreter::Impl {
                                p.layer, e, s, rank_str(R), p.value.v[sz(e)], want);
           });
         }
-        for (size_t k = 0; k < p.adam_idx.size() && k < p.adam.m.size(); ++k) {
-          const size_t gi = sz(p.gidx[sz(p.adam_idx[k])]);
-          record(kZeRO, std::max(abs_err(p.adam.m[k], ref_adam.m[gi]), abs_err(p.adam.v[k], ref_adam.v[gi])), [&] {
-            return fmt::format("Adam moments of {} (layer {}) element {} after step {} on {}", lk_name(p.kind), p.layer,
-                               p.adam_idx[k], s, rank_str(R));
-          });
-        }
       }
+      for (size_t k = 0; k < p.adam_idx.size() && k < p.adam.m.size(); ++k) {
+        const size_t gi = sz(p.gidx[sz(p.adam_idx[k])]);
+        record(kZeRO, std::max(abs_err(p.adam.m[k], ref_adam.m[gi]), abs_err(p.adam.v[k], ref_adam.v[gi])), [&] {
+          return fmt::format("Adam moments of {} (layer {}) element {} after step {} on {}", lk_name(p.kind), p.layer,
+                             p.adam_idx[k], s, rank_str(R));
+        });
+      }
+    }
+  }
+  /// Every rank, in rank order, into the totals.
+  void compare_state(int s, const std::vector<double>& ref_params, const refmath::AdamState& ref_adam) {
+    t_exec = ExecCtx{};
+    for (const auto& R : ranks) compare_rank(R, s, ref_params, ref_adam);
+  }
+  /// Stage st is done with the step (run_parallel): its ranks' comparison (recorded with
+  /// keys after every op of the step, in rank order, as compare_state would), then, after
+  /// the last step, its tensors and parameters are freed on this thread.
+  void finish_stage(int st) {
+    const auto state = (*after_src)();
+    for (int64_t r : stage_ranks[sz(st)]) {
+      t_exec = ExecCtx{st, 0, sched_ops + r, &outs[sz(st)]};
+      compare_rank(ranks[sz(r)], step, *state.first, *state.second);
+    }
+    t_exec = ExecCtx{};
+    if (last_step) free_stage(st);
+    stage_finished[sz(st)] = 1;
+  }
+  /// The stage's frames, working gradients and parameters (after the last step).
+  void free_stage(int64_t st) {
+    for (int li : stage_lanes[sz(st)]) {
+      Lane& L = lanes[sz(li)];
+      for (Frame*& f : L.frames) f = nullptr;
+      for (auto& c : L.cur) c = Reg{};
+      std::vector<double>().swap(L.grads);
+    }
+    std::deque<Frame>().swap(frame_store[sz(st)]);
+    std::vector<Frame*>().swap(frame_free[sz(st)]);
+    for (int64_t r : stage_ranks[sz(st)]) {
+      std::vector<LocalParam>().swap(ranks[sz(r)].params);
+      ranks[sz(r)].materialized_layers.clear();
+    }
   }
 };
 
@@ -2789,21 +3471,18 @@ Interpreter::~Interpreter() = default;
 
 void Interpreter::load_params(const std::vector<double>& global) { impl_->load_params(global); }
 
-void Interpreter::run_step(int step, const Batch& batch, const RefStep& ref) {
-  if (impl_->fatal) return;
+void Interpreter::run_step(int step, const Batch& batch, const RefStep& ref, const RefState& after, bool last) {
+  if (!runnable()) return;
   try {
-    impl_->run_step(step, batch, &ref);
+    impl_->run_step(step, batch, &ref, after, last);
   } catch (const PlanFatal&) {
     impl_->fatal = true;
   }
 }
 
-void Interpreter::compare_state(int step, const std::vector<double>& ref_params, const refmath::AdamState& ref_adam) {
-  if (impl_->fatal) return;
-  impl_->compare_state(step, ref_params, ref_adam);
-}
+bool Interpreter::runnable() const { return !impl_->fatal && !impl_->parallel_failed; }
 
-bool Interpreter::runnable() const { return !impl_->fatal; }
+bool Interpreter::rerun_serial() const { return impl_->parallel_failed; }
 
 std::vector<RuleResult> Interpreter::rules() const {
   const Impl& I = *impl_;

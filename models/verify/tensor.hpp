@@ -28,7 +28,8 @@ namespace dtsim::verify {
 /// interpreter run allocates and frees tens of millions of small matrices of a handful of
 /// sizes, and the reference step large ones every step, on which glibc malloc (and the
 /// kernel's page faults for its mmap/trim churn) spent half of the run time. Recycled
-/// blocks stay in this thread's lists until pool_release().
+/// blocks stay in this thread's lists until pool_release() (or the thread's exit); a block
+/// freed on another thread than the one that allocated it joins the freeing thread's lists.
 inline constexpr size_t kPoolMaxBytes = 16384;
 void* pool_allocate(size_t bytes);
 void pool_deallocate(void* p, size_t bytes) noexcept;
@@ -80,11 +81,27 @@ struct Mat {
 /// the interpreter calls them on row blocks of stacked matrices). `accumulate`: c += ...,
 /// else c = ... . Summation orders are fixed: gemm and gemm_tn add the k terms one by one,
 /// in order, to c (or to 0); gemm_nt forms each dot product from 0 and then stores (or
-/// adds) it.
+/// adds) it. The kernels are register-blocked and vectorized (an AVX2 build is chosen at
+/// load time where the CPU has it) without changing any element's operations or their
+/// order, so results are bitwise those of the naive loops on every CPU (no fused
+/// multiply-add). Only the sign of a NaN that two NaN operands produce may differ between
+/// builds: IEEE 754 leaves it to the instruction's operand order.
 /// c (m x n) = a (m x k) b (k x n).
 void gemm(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate);
+/// c (m x n) = a b + bias: the sum formed as gemm's, then bias[j] added to column j.
+void gemm_bias(const double* a, const double* b, const double* bias, double* c, int64_t m, int64_t k, int64_t n);
 /// c (m x n) = a^T b, a (k x m), b (k x n).
 void gemm_tn(const double* a, const double* b, double* c, int64_t k, int64_t m, int64_t n, bool accumulate);
+/// gemm and gemm_tn on blocks of larger row-major matrices: lda, ldb, ldc are the
+/// distances between rows (gemm_tn: a is k x m with rows lda apart).
+void gemm_ld(const double* a, int64_t lda, const double* b, int64_t ldb, double* c, int64_t ldc, int64_t m, int64_t k,
+             int64_t n, bool accumulate);
+void gemm_tn_ld(const double* a, int64_t lda, const double* b, int64_t ldb, double* c, int64_t ldc, int64_t k,
+                int64_t m, int64_t n, bool accumulate);
+/// gemm_tn(a + q a_stride, b + q b_stride, c + q c_stride, k, m, n, accumulate = true) for
+/// q = 0 .. batches - 1 (one call for the DP replicas' weight gradients of a lane).
+void gemm_tn_batched(const double* a, const double* b, double* c, int64_t k, int64_t m, int64_t n, int64_t batches,
+                     int64_t a_stride, int64_t b_stride, int64_t c_stride);
 /// c (m x n) = a b^T, a (m x k), b (n x k).
 void gemm_nt(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n, bool accumulate);
 /// Norms over `rows` rows of `n` columns (see norm_forward / norm_backward).

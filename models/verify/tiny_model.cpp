@@ -1,7 +1,9 @@
 #include "models/verify/tiny_model.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <string>
 
 #include "models/errors.hpp"
@@ -166,12 +168,71 @@ const PSeg& TinyModel::seg(PKind k, int layer) const {
 
 bool TinyModel::has(PKind k, int layer) const { return find(k, layer) >= 0; }
 
+/// Which tensors of a streamed step are final. The computing thread stores a tensor, then
+/// sets its flag (release) and bumps `ticks`; readers check the flag (acquire) and sleep on
+/// `ticks` (C++20 atomic wait) until it is set, the step is done or it failed.
+struct RefProgress {
+  explicit RefProgress(size_t n) : ready(std::make_unique<std::atomic<uint8_t>[]>(n)), count(n) {}
+  std::unique_ptr<std::atomic<uint8_t>[]> ready;
+  size_t count;
+  std::atomic<uint8_t> done{0};
+  std::atomic<uint8_t> failed{0};
+  std::exception_ptr error;  // written before `failed` is set
+  std::atomic<uint32_t> ticks{0};
+
+  void bump() {
+    ticks.fetch_add(1, std::memory_order_release);
+    ticks.notify_all();
+  }
+  /// Waits until pred() (checked after each bump) or the end of the step.
+  template <class Pred>
+  void wait(Pred pred) const {
+    while (true) {
+      const uint32_t t = ticks.load(std::memory_order_acquire);
+      if (pred()) return;
+      if (failed.load(std::memory_order_acquire)) std::rethrow_exception(error);
+      if (done.load(std::memory_order_acquire)) return;
+      ticks.wait(t, std::memory_order_acquire);
+    }
+  }
+};
+
+namespace {
+size_t probe_index(Probe p, int layer) {
+  return static_cast<size_t>(layer + 1) * kProbes + static_cast<size_t>(p);
+}
+}  // namespace
+
 const Mat& RefStep::probe(Probe p, int layer) const {
-  auto it = probes.find({p, layer});
-  if (it == probes.end())
+  const size_t i = probe_index(p, layer);
+  if (layer < -1 || i >= probes.size())
     throw InputError(std::string("verify: the reference recorded no ") + to_string(p) + " for layer " +
                      std::to_string(layer));
-  return it->second;
+  if (progress) {
+    const RefProgress& g = *progress;
+    g.wait([&] { return g.ready[i].load(std::memory_order_acquire) != 0; });
+  }
+  if (probes[i].empty())
+    throw InputError(std::string("verify: the reference recorded no ") + to_string(p) + " for layer " +
+                     std::to_string(layer));
+  return probes[i];
+}
+
+void RefStep::wait_done() const {
+  if (progress) {
+    const RefProgress& g = *progress;
+    g.wait([&] { return g.done.load(std::memory_order_acquire) != 0; });
+  }
+}
+
+std::exception_ptr RefStep::failure() const {
+  return progress && progress->failed.load(std::memory_order_acquire) ? progress->error : nullptr;
+}
+
+void prepare_reference_step(const TinyModel& m, RefStep& out) {
+  out = RefStep();
+  out.probes.resize(static_cast<size_t>(m.layers + 1) * kProbes);
+  out.progress = std::make_shared<RefProgress>(out.probes.size());
 }
 
 std::vector<double> init_params(const TinyModel& m, uint64_t seed) {
@@ -260,7 +321,7 @@ struct AttnCache {
 Mat attention_forward(const TinyModel& m, const Mat& q, const Mat& k, const Mat& v, AttnCache& c) {
   const int64_t S = m.seq, group = m.heads / m.kv_heads, hd = m.hd;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  Mat ctx(q.rows, q.cols);
+  Mat ctx = Mat::uninitialized(q.rows, q.cols);
   c.probs = Mat(m.samples * m.heads * S, S);
   for (int64_t s = 0; s < m.samples; ++s)
     for (int64_t hh = 0; hh < m.heads; ++hh) {
@@ -279,11 +340,12 @@ Mat attention_forward(const TinyModel& m, const Mat& q, const Mat& k, const Mat&
         double z = 0;
         for (int64_t u = 0; u <= t; ++u) z += (pt[u] = std::exp(pt[u] - mx));
         for (int64_t u = 0; u <= t; ++u) pt[u] /= z;
+        // ct[d] = sum over u of pt[u] v[u][d], u in order (the head's columns side by side).
         double* ct = ctx.row(s * S + t) + hh * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          double acc = 0;
-          for (int64_t u = 0; u <= t; ++u) acc += pt[u] * v.at(s * S + u, kh * hd + d);
-          ct[d] = acc;
+        for (int64_t d = 0; d < hd; ++d) ct[d] = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          const double* vu = v.row(s * S + u) + kh * hd;
+          for (int64_t d = 0; d < hd; ++d) ct[d] += pt[u] * vu[d];
         }
       }
     }
@@ -332,29 +394,65 @@ void attention_backward(const TinyModel& m, const Mat& q, const Mat& k, const Ma
 
 }  // namespace
 
+namespace {
+void compute_reference_step(const TinyModel& m, const std::vector<double>& p, const Batch& batch, RefStep& r);
+}  // namespace
+
 RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const Batch& batch) {
   RefStep r;
+  r.probes.resize(static_cast<size_t>(m.layers + 1) * kProbes);
+  compute_reference_step(m, p, batch, r);
+  return r;
+}
+
+void reference_step_into(const TinyModel& m, const std::vector<double>& p, const Batch& batch, RefStep& r) {
+  RefProgress* g = r.progress.get();
+  try {
+    if (g == nullptr || r.probes.size() != g->count) throw InputError("verify: reference step not prepared");
+    compute_reference_step(m, p, batch, r);
+  } catch (...) {
+    if (g == nullptr) throw;
+    g->error = std::current_exception();
+    g->failed.store(1, std::memory_order_release);
+    g->bump();
+    return;
+  }
+  g->done.store(1, std::memory_order_release);
+  g->bump();
+}
+
+namespace {
+
+/// reference_step's computation into r (probes sized); publishes each probe when r is streamed.
+void compute_reference_step(const TinyModel& m, const std::vector<double>& p, const Batch& batch, RefStep& r) {
   r.grad.assign(p.size(), 0.0);
+  r.loss = 0;
+  RefProgress* g = r.progress.get();
   const int64_t T = m.samples * m.seq;
   std::vector<int64_t> pos(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) pos[static_cast<size_t>(i)] = i % m.seq;
   auto put = [&](Probe pr, int layer, Mat x) -> const Mat& {
-    Mat& slot = r.probes[{pr, layer}];
+    const size_t i = probe_index(pr, layer);
+    Mat& slot = r.probes[i];
     slot = std::move(x);
+    if (g != nullptr) {
+      g->ready[i].store(1, std::memory_order_release);
+      g->bump();
+    }
     return slot;
   };
   // a W and a W^T with W a parameter (no copy of W; the arithmetic of matmul / matmul_nt).
   auto mm = [&](const Mat& a, PKind k, int layer) {
     const PSeg& s = m.seg(k, layer);
     if (a.cols != s.rows) throw InputError("verify: reference matmul shapes do not fit");
-    Mat c(a.rows, s.cols);
-    gemm(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.cols, true);
+    Mat c = Mat::uninitialized(a.rows, s.cols);
+    gemm(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.cols, false);
     return c;
   };
   auto mm_nt = [&](const Mat& a, PKind k, int layer) {
     const PSeg& s = m.seg(k, layer);
     if (a.cols != s.cols) throw InputError("verify: reference matmul shapes do not fit");
-    Mat c(a.rows, s.rows);
+    Mat c = Mat::uninitialized(a.rows, s.rows);
     gemm_nt(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.rows, false);
     return c;
   };
@@ -408,7 +506,7 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
                              m.layernorm ? param_ptr(m, p, PKind::ln2_b, l) : nullptr, m.layernorm, c.c2));
     c.u = mm(*c.n2, PKind::wu, l);
     if (m.bias) add_row_vector(c.u, param_ptr(m, p, PKind::bu, l));
-    c.act = Mat(c.u.rows, c.u.cols);
+    c.act = Mat::uninitialized(c.u.rows, c.u.cols);
     if (m.swiglu) {
       c.g = mm(*c.n2, PKind::wg, l);
       for (int64_t i = 0; i < c.u.size(); ++i)
@@ -437,10 +535,11 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
     double mx = -INFINITY;
     for (int64_t j = 0; j < m.V; ++j) mx = std::max(mx, logits.at(i, j));
     double z = 0;
-    for (int64_t j = 0; j < m.V; ++j) z += std::exp(logits.at(i, j) - mx);
+    double* dli = dlogits.row(i);
+    for (int64_t j = 0; j < m.V; ++j) z += (dli[j] = std::exp(logits.at(i, j) - mx));
     const int64_t y = batch.labels[static_cast<size_t>(i)];
     r.loss += (std::log(z) + mx - logits.at(i, y)) * inv_n;
-    for (int64_t j = 0; j < m.V; ++j) dlogits.at(i, j) = std::exp(logits.at(i, j) - mx) / z * inv_n;
+    for (int64_t j = 0; j < m.V; ++j) dli[j] = dli[j] / z * inv_n;
     dlogits.at(i, y) -= inv_n;
   }
 
@@ -455,9 +554,9 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
     if (m.bias) add_grad(m, r.grad, PKind::bd, l, col_sums(dout));
     add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dout));
     const Mat dact = mm_nt(dout, PKind::wd, l);
-    Mat du(dact.rows, dact.cols), dg;
+    Mat du = Mat::uninitialized(dact.rows, dact.cols), dg;
     if (m.swiglu) {
-      dg = Mat(dact.rows, dact.cols);
+      dg = Mat::uninitialized(dact.rows, dact.cols);
       for (int64_t i = 0; i < dact.size(); ++i) {
         const size_t ii = static_cast<size_t>(i);
         du.v[ii] = dact.v[ii] * silu(c.g.v[ii]);
@@ -485,9 +584,11 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
     Mat dq, dk, dv;
     attention_backward(m, c.q, c.k, c.v, c.att, dctx, dq, dk, dv);
     c.att = AttnCache();
-    put(Probe::dq, l, dq);  // the gradients at the attention, before RoPE's backward
-    put(Probe::dk, l, dk);
-    put(Probe::dv, l, dv);
+    if (m.exp.layout.cp > 1) {  // the gradients at the attention, before RoPE's backward (CP's rule only)
+      put(Probe::dq, l, dq);
+      put(Probe::dk, l, dk);
+      put(Probe::dv, l, dv);
+    }
     if (m.rope) {
       rope_apply(dq, m.heads, m.hd, pos, true);
       rope_apply(dk, m.kv_heads, m.hd, pos, true);
@@ -516,7 +617,8 @@ RefStep reference_step(const TinyModel& m, const std::vector<double>& p, const B
       gw[batch.tokens[static_cast<size_t>(i)] * m.h + j] += dx.at(i, j);
       if (m.learned_pos) grad_ptr(m, r.grad, PKind::embed_pos, -1)[(i % m.seq) * m.h + j] += dx.at(i, j);
     }
-  return r;
 }
+
+}  // namespace
 
 }  // namespace dtsim::verify

@@ -12,7 +12,9 @@
 // entropy, the MEAN OVER VALID TOKENS with the GLOBAL count as denominator
 // (design/MATH.md section 1). Dropout is the identity (p = 0).
 #include <cstdint>
+#include <exception>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,7 +101,8 @@ Batch make_batch(const TinyModel& m, uint64_t seed);
 
 /// Tensors of the reference forward / backward that the verifier compares with, each a
 /// token matrix over the whole batch (samples x seq rows) in the global column order.
-/// dq / dk: the gradients at the attention (before RoPE's backward).
+/// dq / dk: the gradients at the attention (before RoPE's backward); dq, dk and dv are
+/// recorded only when the layout has cp > 1 (the CP rule is their only reader).
 enum class Probe {
   x_in, ln1_out, ctx, attn_out, ln2_out, mlp_out,              // per layer
   d_x_out, d_ln2_out, d_x_mid, dq, dk, dv, d_ln1_out, d_x_in,  // per layer
@@ -107,15 +110,34 @@ enum class Probe {
 };
 const char* to_string(Probe);
 
+inline constexpr int kProbes = static_cast<int>(Probe::d_final_ln_out) + 1;
+struct RefProgress;  // publication state of a streamed step (tiny_model.cpp)
+
 struct RefStep {
   double loss = 0;                 // sum over valid tokens of token losses / n_valid
   std::vector<double> grad;        // dL/dparams, flat as the parameters
-  std::map<std::pair<Probe, int>, Mat> probes;  // (probe, layer) -> token matrix
+  std::vector<Mat> probes;         // [(layer + 1) * kProbes + probe] token matrix (empty: not recorded)
+  /// Throws InputError when the step records no such tensor. On a streamed step (below),
+  /// waits until the tensor is published; rethrows what stopped the computation.
   const Mat& probe(Probe p, int layer) const;
+  /// Streamed step: waits until loss and grad are final. No-op otherwise.
+  void wait_done() const;
+  /// Streamed step: what stopped its computation (null: nothing, or not streamed).
+  std::exception_ptr failure() const;
+  /// Non-null while the step is streamed (prepare_reference_step).
+  std::shared_ptr<RefProgress> progress;
 };
 
 /// The single-device step: forward, loss, backward (no parallelism, no recompute).
 RefStep reference_step(const TinyModel& m, const std::vector<double>& params, const Batch& batch);
+
+/// The same step computed on one thread while others read it: prepare_reference_step sizes
+/// `out` and marks every tensor pending (RefStep::probe and wait_done then wait), then
+/// reference_step_into computes into `out`, publishing each probe once final and loss and
+/// grad at the end, or the exception that stopped it (readers rethrow it). The arithmetic
+/// is reference_step's: results are bitwise the same.
+void prepare_reference_step(const TinyModel& m, RefStep& out);
+void reference_step_into(const TinyModel& m, const std::vector<double>& params, const Batch& batch, RefStep& out);
 
 /// Adam hyper-parameters of the verifier (Kingma & Ba 2015 defaults for the betas and eps;
 /// lr 1e-2 so that a step moves parameters far beyond rounding).

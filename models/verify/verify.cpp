@@ -1,7 +1,14 @@
 // verify_experiment: shrink, build the plan, run it next to the reference, collect rules.
 #include "models/verify/verify.hpp"
 
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -81,50 +88,208 @@ std::vector<std::string> plan_gaps(const StepPlan& plan) {
   return out;
 }
 
-}  // namespace
+/// The single-device reference steps, each with its batch and the parameters and Adam
+/// moments after its update. Asynchronous: computed on a thread of their own, step s as
+/// soon as the interpreter is done with step s - 1 (one step's tensors alive, freed on that
+/// thread so that its storage pool recycles them), each streamed (RefStep::probe waits for
+/// a tensor not published yet): the interpreter runs step s while its reference is still
+/// being computed, and the plan is built while the first one is. Synchronous (threads ==
+/// 1): computed on demand by the calling thread. The same arithmetic either way.
+class RefPipeline {
+ public:
+  RefPipeline(const TinyModel& m, const VerifyOptions& o, bool async)
+      : m_(m), steps_(o.steps), async_(async), hp_(verify_adam()) {
+    params_ = init_params(m, o.seed);
+    initial_ = params_;
+    const size_t n = static_cast<size_t>(steps_) + 1;
+    batches_.resize(n);
+    refs_.resize(n);
+    after_.resize(n);
+    adam_after_.resize(n);
+    for (int s = 1; s <= steps_; ++s) batches_[static_cast<size_t>(s)] = make_batch(m, o.seed + 1000 * static_cast<uint64_t>(s));
+    if (async_) thread_ = std::thread([this] { run(); });
+  }
+  ~RefPipeline() {
+    if (!thread_.joinable()) return;
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      cancel_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  RefPipeline(const RefPipeline&) = delete;
+  RefPipeline& operator=(const RefPipeline&) = delete;
 
-VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o) {
-  const Experiment shrunk = shrink_experiment(e);
-  const std::string why = injection_inapplicable(o.inject, shrunk);
-  if (!why.empty())
-    throw InputError(e.source + ": --inject " + to_string(o.inject) + " cannot show on this layout: it " + why);
-  VerifyReport rep = verify_plan(build_step_plan(shrunk), o);
-  rep.original = e;
-  return rep;
-}
+  const std::vector<double>& initial_params() const { return initial_; }
+  const Batch& batch(int s) const { return batches_[static_cast<size_t>(s)]; }
+  /// Reference step s (streamed: possibly still being computed).
+  const RefStep& ref(int s) {
+    const size_t i = static_cast<size_t>(s);
+    if (!async_) {
+      if (s >= 2) {  // done with the previous step: recycle its storage
+        refs_[i - 1].reset();
+        after_[i - 1] = {};
+        adam_after_[i - 1] = {};
+      }
+      refs_[i] = std::make_unique<RefStep>(reference_step(m_, params_, batches_[i]));
+      params_ = refmath::adam_step(params_, refs_[i]->grad, adam_, hp_).params;
+      after_[i] = params_;
+      adam_after_[i] = adam_;
+      return *refs_[i];
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return started_ >= s || error_; });
+    if (started_ < s) std::rethrow_exception(error_);
+    return *refs_[i];
+  }
+  /// The parameters and Adam moments after step s's update (after ref(s)).
+  std::pair<const std::vector<double>*, const refmath::AdamState*> after(int s) {
+    const size_t i = static_cast<size_t>(s);
+    if (async_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return updated_ >= s || error_; });
+      if (updated_ < s) std::rethrow_exception(error_);
+    }
+    return {&after_[i], &adam_after_[i]};
+  }
+  /// The interpreter is done with step s.
+  void release(int s) {
+    if (!async_) return;
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      released_ = s;
+    }
+    cv_.notify_all();
+  }
 
-VerifyReport verify_plan(const StepPlan& plan, const VerifyOptions& o) {
-  if (o.steps < 1) throw InputError("--steps " + std::to_string(o.steps) + " must be >= 1");
+ private:
+  void run() {
+    try {
+      for (int s = 1; s <= steps_; ++s) {
+        const size_t i = static_cast<size_t>(s);
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return cancel_ || released_ >= s - 1; });
+          if (cancel_) return;
+        }
+        if (s >= 2) {  // freed on this thread, whose storage pool then recycles it
+          refs_[i - 1].reset();
+          after_[i - 1] = {};
+          adam_after_[i - 1] = {};
+        }
+        auto r = std::make_unique<RefStep>();
+        prepare_reference_step(m_, *r);
+        RefStep* rp = r.get();
+        {
+          const std::lock_guard<std::mutex> lock(mu_);
+          refs_[i] = std::move(r);
+          started_ = s;
+        }
+        cv_.notify_all();
+        reference_step_into(m_, params_, batches_[i], *rp);
+        if (std::exception_ptr failed = rp->failure()) {
+          const std::lock_guard<std::mutex> lock(mu_);
+          error_ = failed;
+          cv_.notify_all();
+          return;
+        }
+        params_ = refmath::adam_step(params_, rp->grad, adam_, hp_).params;
+        {
+          const std::lock_guard<std::mutex> lock(mu_);
+          after_[i] = params_;
+          adam_after_[i] = adam_;
+          updated_ = s;
+        }
+        cv_.notify_all();
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+    }
+  }
+
+  const TinyModel& m_;
+  const int steps_;
+  const bool async_;
+  const refmath::AdamHyper hp_;
+  std::vector<double> params_, initial_;  // params_: after the last update computed
+  refmath::AdamState adam_;
+  std::vector<Batch> batches_;                    // [step]
+  std::vector<std::unique_ptr<RefStep>> refs_;    // [step]
+  std::vector<std::vector<double>> after_;        // [step]
+  std::vector<refmath::AdamState> adam_after_;    // [step]
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int started_ = 0, updated_ = 0, released_ = 0;
+  bool cancel_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+/// verify_plan's work; `refs` (may be null) computes the reference steps of `model`.
+VerifyReport run_verification(const StepPlan& plan, const TinyModel& model, const VerifyOptions& o,
+                              std::unique_ptr<RefPipeline> refs) {
   VerifyReport rep;
   rep.original = plan.exp;
   rep.shrunk = plan.exp;
   rep.steps = o.steps;
   rep.inject = o.inject;
-  const std::string why = injection_inapplicable(o.inject, rep.shrunk);
-  if (!why.empty()) throw InputError("--inject " + std::string(to_string(o.inject)) + " cannot show on this layout: it " + why);
-  const TinyModel model(rep.shrunk);
   const Layout& l = rep.shrunk.layout;
   rep.world = l.dp * l.tp * l.cp * l.pp;
 
-  {
-    Interpreter it(model, plan, o);
-    std::vector<double> params = init_params(model, o.seed);
-    it.load_params(params);
-    refmath::AdamState ref_adam;
-    const refmath::AdamHyper hp = verify_adam();
+  VerifyOptions opts = o;
+  while (true) {
+    if (!refs) refs = std::make_unique<RefPipeline>(model, opts, opts.threads != 1);
+    Interpreter it(model, plan, opts);
+    it.load_params(refs->initial_params());
     for (int s = 1; s <= o.steps && it.runnable(); ++s) {
-      const Batch batch = make_batch(model, o.seed + 1000 * static_cast<uint64_t>(s));
-      const RefStep ref = reference_step(model, params, batch);
-      it.run_step(s, batch, ref);
-      params = refmath::adam_step(params, ref.grad, ref_adam, hp).params;
-      it.compare_state(s, params, ref_adam);
+      const RefState after = [&refs, s] { return refs->after(s); };
+      it.run_step(s, refs->batch(s), refs->ref(s), after, s == o.steps);
+      refs->release(s);
+    }
+    if (it.rerun_serial()) {  // a plan problem on a stage thread: report it in the serial order
+      opts.threads = 1;
+      refs.reset();
+      continue;
     }
     rep.rules = it.rules();
     rep.notes = it.notes();
+    break;
   }
+  refs.reset();
   pool_release();  // the run's matrices are gone: hand their recycled storage back
   for (auto& g : plan_gaps(plan)) rep.notes.push_back(std::move(g));
   return rep;
+}
+
+void check_steps(const VerifyOptions& o) {
+  if (o.steps < 1) throw InputError("--steps " + std::to_string(o.steps) + " must be >= 1");
+}
+
+}  // namespace
+
+VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o) {
+  check_steps(o);
+  const Experiment shrunk = shrink_experiment(e);
+  const std::string why = injection_inapplicable(o.inject, shrunk);
+  if (!why.empty())
+    throw InputError(e.source + ": --inject " + to_string(o.inject) + " cannot show on this layout: it " + why);
+  const TinyModel model(shrunk);
+  // The first reference step runs while the plan is built.
+  auto refs = std::make_unique<RefPipeline>(model, o, o.threads != 1);
+  VerifyReport rep = run_verification(build_step_plan(shrunk), model, o, std::move(refs));
+  rep.original = e;
+  return rep;
+}
+
+VerifyReport verify_plan(const StepPlan& plan, const VerifyOptions& o) {
+  check_steps(o);
+  const std::string why = injection_inapplicable(o.inject, plan.exp);
+  if (!why.empty()) throw InputError("--inject " + std::string(to_string(o.inject)) + " cannot show on this layout: it " + why);
+  const TinyModel model(plan.exp);
+  return run_verification(plan, model, o, nullptr);
 }
 
 }  // namespace dtsim::verify

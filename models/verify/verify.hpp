@@ -6,7 +6,9 @@
 // What runs: the experiment's layout (dp, tp, cp, pp, zero_stage, sequence_parallel,
 // recompute, flash_attention, ...) with the model shrunk (models/verify/tiny_model.hpp),
 // in double precision, on a fixed-seed batch whose sequences hold unequal numbers of valid
-// tokens. Every rank's tensors live in this process. The plan of each pipeline stage is
+// tokens. Every rank's tensors live in this process (pipeline stages on several threads,
+// the single-device reference on one of its own; the report does not depend on the thread
+// count: VerifyOptions::threads). The plan of each pipeline stage is
 // walked op by op for every rank of the stage (executed lane by lane: the DP replicas of
 // one stage, TP and CP coordinate stacked, with the arithmetic of rank-by-rank execution;
 // models/verify/interpreter.cpp): compute ops by their name (a stable op
@@ -98,6 +100,11 @@ struct VerifyOptions {
   int steps = 3;                       // optimizer steps (several: ZeRO shards must stay in step)
   Injection inject = Injection::none;
   uint64_t seed = 20240521;            // parameters and data
+  /// Threads for the pipeline stages (and the reference step): 0 = the machine's hardware
+  /// threads, capped at the number of stages. The report (verdicts, errors, worst values,
+  /// problems, notes) is the same for every value: each op's records are merged in the
+  /// serial order of the ops.
+  int threads = 0;
 };
 
 struct VerifyReport {

@@ -1,4 +1,4 @@
-// dtsim verify EXP.yaml [--set key=value]... [--inject BUG] [--steps N] [--json FILE] [--quiet]
+// dtsim verify EXP.yaml [--set key=value]... [--inject BUG] [--steps N] [--threads N] [--json FILE] [--quiet]
 //
 // Runs the experiment's step plan on a shrunk model in double precision and checks every
 // rule (models/verify/verify.hpp). Exit codes: 0 every applicable rule passed; 3 at least
@@ -28,6 +28,7 @@ struct VerifyOptionsCli {
   std::vector<std::string> sets;
   std::string inject = "none";
   int steps = 3;
+  int threads = 0;
   std::string json_path;
   bool quiet = false;
 };
@@ -39,6 +40,7 @@ int verify_command(const VerifyOptionsCli& o) {
   verify::VerifyOptions vo;
   vo.inject = verify::parse_injection(o.inject);
   vo.steps = o.steps;
+  vo.threads = o.threads;
   const verify::VerifyReport rep = verify::verify_experiment(exp, vo);
   if (!o.json_path.empty()) write_file_atomic(o.json_path, verify_report_json_text(rep));
   if (!o.quiet) std::cout << format_verify_report(rep);
@@ -63,6 +65,10 @@ Command add_verify_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--inject", o.inject, "Run a known-wrong variant, which must fail: " + bugs)->type_name("BUG");
   cmd->add_option("--steps", o.steps, "Optimizer steps to run (default 3)")->check(CLI::Range(1, 100));
+  cmd->add_option("--threads", o.threads,
+                  "Threads for the pipeline stages and the reference step (default 0: the machine's hardware "
+                  "threads); the report is the same for every value")
+      ->check(CLI::Range(0, 256));
   cmd->add_option("--json", o.json_path, "Also write the report as JSON to FILE (atomically)")->type_name("FILE");
   cmd->add_flag("-q,--quiet", o.quiet, "Print no report (the exit code still tells)");
   return {cmd, [opts] { return verify_command(*opts); }};

@@ -1,12 +1,15 @@
 // dtsim verify's injected bugs on the shipped experiments whose layouts are too large to
 // rerun once per bug in the default suite (tests/unit/test_verify.cpp covers the others,
 // and checks that every shipped experiment, these included, passes as planned): every
-// injected bug that can show fails.
+// injected bug that can show fails; and the largest layouts give the same report on one
+// thread as on several.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/errors.hpp"
@@ -42,6 +45,29 @@ TEST(VerifyShippedLarge, EveryApplicableBugFails) {
       if (!injection_inapplicable(inj, s).empty()) continue;
       EXPECT_FALSE(verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj}).passed()) << p << " " << to_string(inj);
     }
+  }
+}
+
+TEST(VerifyShippedLarge, TheReportDoesNotDependOnTheThreadCount) {
+  // The largest pipelines (3072 ranks, interleaved schedule; 2240 ranks with sequence
+  // parallelism): one thread and the machine's threads give the same report, bit for bit
+  // (tests/unit/test_verify.cpp checks the same on small layouts and on failing plans).
+  for (const auto& [file, steps] : {std::pair{"validation/narayanan-gpt-1008b.yaml", 2},
+                                    std::pair{"validation/korthikanti-gpt-530b-selective-dp8.yaml", 1}}) {
+    const Experiment e = load_experiment((fs::path(DTSIM_SOURCE_DIR) / "experiments" / file).string());
+    const VerifyReport one = verify_experiment(e, {.steps = steps, .threads = 1});
+    const VerifyReport many = verify_experiment(e, {.steps = steps, .threads = 0});
+    EXPECT_TRUE(one.passed()) << file;
+    ASSERT_EQ(one.rules.size(), many.rules.size()) << file;
+    for (size_t i = 0; i < one.rules.size(); ++i) {
+      const RuleResult &a = one.rules[i], &b = many.rules[i];
+      EXPECT_EQ(a.passed, b.passed) << file << " " << a.name;
+      EXPECT_EQ(a.values, b.values) << file << " " << a.name;
+      EXPECT_EQ(std::memcmp(&a.max_abs_error, &b.max_abs_error, sizeof(double)), 0) << file << " " << a.name;
+      EXPECT_EQ(a.worst, b.worst) << file << " " << a.name;
+      EXPECT_EQ(a.problems, b.problems) << file << " " << a.name;
+    }
+    EXPECT_EQ(one.notes, many.notes) << file;
   }
 }
 

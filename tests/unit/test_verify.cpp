@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -203,6 +204,62 @@ TEST(VerifyKernels, BlockedGemmsAddInTheNaiveOrder) {
       EXPECT_EQ(c.v, want.v) << "gemm_nt " << m << "x" << k << "x" << n;
     }
   }
+}
+
+TEST(VerifyKernels, FusedAndBatchedGemmsAreTheUnfusedArithmetic) {
+  // gemm_bias = gemm then + bias per column; gemm_tn_batched = gemm_tn (accumulating) per
+  // batch; bit for bit.
+  Rng r(13);
+  const int64_t m = 10, k = 7, n = 11, batches = 3;
+  Mat a(batches * m, k), b(k, n), bias(1, n), at(batches * k, m), g(batches * k, n), c0(batches * m, n);
+  for (Mat* x : {&a, &b, &bias, &at, &g, &c0})
+    for (auto& v : x->v) v = r.uniform();
+  Mat fused(m, n), want(m, n);
+  gemm_bias(a.v.data(), b.v.data(), bias.v.data(), fused.v.data(), m, k, n);
+  gemm(a.v.data(), b.v.data(), want.v.data(), m, k, n, false);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) want.at(i, j) += bias.v[static_cast<size_t>(j)];
+  EXPECT_EQ(fused.v, want.v);
+  Mat batched = c0, one = c0;  // three m x n outputs, one after another
+  gemm_tn_batched(at.v.data(), g.v.data(), batched.v.data(), k, m, n, batches, k * m, k * n, m * n);
+  for (int64_t q = 0; q < batches; ++q)
+    gemm_tn(at.row(q * k), g.row(q * k), one.row(q * m), k, m, n, true);
+  EXPECT_EQ(batched.v, one.v);
+}
+
+TEST(VerifyKernels, BlockedNormsAreTheOneRowArithmetic) {
+  // norm_forward_rows / norm_backward_rows run rows four and eight at a time; every row
+  // must be the one-row loop's, bit for bit, and the weight / bias gradients add the rows'
+  // terms in row order.
+  Rng r(14);
+  for (int64_t n : {5, 16})
+    for (int64_t rows : {1, 3, 4, 7, 8, 13, 24})
+      for (bool layernorm : {true, false}) {
+        Mat x(rows, n), w(1, n), bb(1, n), dy(rows, n);
+        for (Mat* m : {&x, &w, &bb, &dy})
+          for (auto& v : m->v) v = r.uniform() * 3.0;
+        Mat y(rows, n), xhat(rows, n), want_y(rows, n), want_xhat(rows, n);
+        std::vector<double> rstd(static_cast<size_t>(rows)), want_rstd(static_cast<size_t>(rows));
+        const double* bias = layernorm ? bb.v.data() : nullptr;
+        norm_forward_rows(x.v.data(), rows, n, w.v.data(), bias, layernorm, y.v.data(), xhat.v.data(), rstd.data());
+        for (int64_t i = 0; i < rows; ++i)
+          norm_forward_rows(x.row(i), 1, n, w.v.data(), bias, layernorm, want_y.row(i), want_xhat.row(i),
+                            want_rstd.data() + i);
+        EXPECT_EQ(y.v, want_y.v) << rows << " rows";
+        EXPECT_EQ(xhat.v, want_xhat.v) << rows << " rows";
+        EXPECT_EQ(rstd, want_rstd) << rows << " rows";
+        Mat dx(rows, n), want_dx(rows, n);
+        std::vector<double> dw(static_cast<size_t>(n), 0.5), db(static_cast<size_t>(n), -0.25);
+        std::vector<double> want_dw = dw, want_db = db;
+        norm_backward_rows(dy.v.data(), rows, n, w.v.data(), layernorm, xhat.v.data(), rstd.data(), dw.data(),
+                           layernorm ? db.data() : nullptr, dx.v.data());
+        for (int64_t i = 0; i < rows; ++i)
+          norm_backward_rows(dy.row(i), 1, n, w.v.data(), layernorm, xhat.row(i), rstd.data() + i, want_dw.data(),
+                             layernorm ? want_db.data() : nullptr, want_dx.row(i));
+        EXPECT_EQ(dx.v, want_dx.v) << rows << " rows";
+        EXPECT_EQ(dw, want_dw) << rows << " rows";
+        EXPECT_EQ(db, want_db) << rows << " rows";
+      }
 }
 
 TEST(VerifyShrink, KeepsTheLayoutAndShrinksTheModel) {
@@ -479,6 +536,65 @@ TEST(VerifyPlanGaps, RemovingAnOpIsReportedPrecisely) {
     const auto& ps = r.rule("plan").problems;
     EXPECT_TRUE(std::any_of(ps.begin(), ps.end(), [&](const std::string& p) { return p.find(cut.expect) != std::string::npos; }))
         << cut.name << describe(r);
+  }
+}
+
+// ---- the same report whatever the thread count ----
+/// Every field of two reports' rules and notes, bit for bit (error maxima as doubles).
+void expect_same_report(const VerifyReport& a, const VerifyReport& b, const std::string& what) {
+  ASSERT_EQ(a.rules.size(), b.rules.size()) << what;
+  for (size_t i = 0; i < a.rules.size(); ++i) {
+    const RuleResult &x = a.rules[i], &y = b.rules[i];
+    EXPECT_EQ(x.passed, y.passed) << what << " rule " << x.name;
+    EXPECT_EQ(x.applicable, y.applicable) << what << " rule " << x.name;
+    EXPECT_EQ(x.values, y.values) << what << " rule " << x.name;
+    EXPECT_EQ(std::memcmp(&x.max_abs_error, &y.max_abs_error, sizeof(double)), 0)
+        << what << " rule " << x.name << ": " << x.max_abs_error << " vs " << y.max_abs_error;
+    EXPECT_EQ(x.worst, y.worst) << what << " rule " << x.name;
+    EXPECT_EQ(x.problems, y.problems) << what << " rule " << x.name;
+  }
+  EXPECT_EQ(a.notes, b.notes) << what;
+}
+
+TEST(VerifyThreads, TheReportDoesNotDependOnTheThreadCount) {
+  // Stages run on several threads (and the reference step on its own); every op's
+  // records are merged in the serial order, so one thread and several give the same
+  // report: interleaved and GPipe schedules, the tied-embedding collective between the
+  // first and the last stage, ZeRO-3 gathers, CP, SP, and injected bugs.
+  struct Run {
+    Case c;
+    Injection inj = Injection::none;
+  };
+  for (const Run& run :
+       {Run{{.name = "interleaved", .dp = 2, .tp = 2, .pp = 4, .schedule = Schedule::interleaved, .vp = 2}},
+        Run{{.name = "gpipe_tied", .dp = 2, .tp = 2, .pp = 2, .tied = true, .schedule = Schedule::gpipe}},
+        Run{{.name = "zero3_sp_cp", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 3, .sp = true}},
+        Run{{.name = "tied_vp2_sp", .dp = 2, .tp = 2, .pp = 2, .zero = 1, .sp = true, .tied = true,
+             .schedule = Schedule::interleaved, .vp = 2}},
+        Run{{.name = "dp_grad_sum", .dp = 2, .tp = 2, .pp = 4}, Injection::dp_grad_sum},
+        // NaN-poisoned ZeRO-3 shards: infinite errors on many stages, the first in the
+        // serial order names the worst.
+        Run{{.name = "zero3_skip_gather", .dp = 2, .tp = 2, .pp = 4, .zero = 3}, Injection::zero_skip_param_gather},
+        Run{{.name = "microbatch_swap", .dp = 2, .tp = 2, .pp = 4}, Injection::pp_microbatch_swap}}) {
+    const Experiment e = make(run.c);
+    const VerifyReport one = verify_experiment(e, {.steps = 2, .inject = run.inj, .threads = 1});
+    for (int threads : {2, 3}) {
+      const VerifyReport many = verify_experiment(e, {.steps = 2, .inject = run.inj, .threads = threads});
+      expect_same_report(one, many, std::string(run.c.name) + " on " + std::to_string(threads) + " threads");
+    }
+  }
+}
+
+TEST(VerifyThreads, APlanThatCannotRunIsReportedAsOnOneThread) {
+  // A plan problem on a stage thread stops the step; the verification is redone on one
+  // thread, so the report (problems, counts so far) is the serial one.
+  const Experiment e = make({.name = "cut", .dp = 2, .tp = 2, .pp = 4});
+  const StepPlan base = build_step_plan(shrink_experiment(e));
+  for (const char* name : {"tp_allreduce", "recv_grad", "dp_grad_allreduce"}) {
+    const StepPlan plan = without(base, name);
+    const VerifyReport one = verify_plan(plan, {.steps = 2, .threads = 1});
+    EXPECT_FALSE(one.passed()) << name;
+    expect_same_report(one, verify_plan(plan, {.steps = 2, .threads = 2}), name);
   }
 }
 

@@ -56,6 +56,19 @@ TEST_F(VerifyCli, PassingLayoutExitsZeroWithEveryRule) {
     EXPECT_NE(o.out.find(s), std::string::npos) << s << " missing in:\n" << o.out;
 }
 
+TEST_F(VerifyCli, ThreadCountDoesNotChangeTheReport) {
+  // PP 8, TP 8: the stages run on several threads; the JSON report is byte for byte the
+  // one of a single thread.
+  const fs::path exp = fs::path(DTSIM_SOURCE_DIR) / "experiments" / "gpt3-175b-selective.yaml";
+  const fs::path one = dir_ / "one.json", two = dir_ / "two.json";
+  const Outcome a = dtsim("verify '" + exp.string() + "' --steps 2 --threads 1 -q --json '" + one.string() + "'");
+  const Outcome b = dtsim("verify '" + exp.string() + "' --steps 2 --threads 2 -q --json '" + two.string() + "'");
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(b.code, 0) << b.err;
+  EXPECT_FALSE(read(one).empty());
+  EXPECT_EQ(read(one), read(two));
+}
+
 TEST_F(VerifyCli, InjectedBugIsDetectedWithExitThree) {
   const Outcome o = dtsim("verify '" + kExp.string() + "' --inject dp-local-mean");
   EXPECT_EQ(o.code, 3) << o.out << o.err;
