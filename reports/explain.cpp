@@ -176,9 +176,9 @@ std::string collective_text(const ExplainCommRow& r) {
   return to_string(r.collective);
 }
 
-std::string path_text(const ExplainCommRow& r) {
-  switch (r.type) {
-    case OpType::collective: return r.overlap_splits > 0 ? "pipelined GEMM" : "critical path";
+std::string path_text(OpType type, int32_t overlap_splits) {
+  switch (type) {
+    case OpType::collective: return overlap_splits > 0 ? "pipelined GEMM" : "critical path";
     case OpType::issue: return "overlaps (async)";
     case OpType::send:
     case OpType::recv: return "overlaps (P2P)";
@@ -504,7 +504,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                                                           : "<=" + format_bytes(r.sent_max);
       os << fmt::format("  {:<4} {:<21} {:<9} {:<13} {:<6} {:<26} {:>10} {:>10}  {:<16} {}\n", r.dimension, r.op,
                         short_phase(r.phase), collective_text(r), r.reduce == ReduceOp::none ? "-" : to_string(r.reduce),
-                        group_text(r), size, sent, path_text(r), calls_text(r.calls_per_stage));
+                        group_text(r), size, sent, path_text(r.type, r.overlap_splits), calls_text(r.calls_per_stage));
     }
     os << "  critical path = a blocking collective the compute stream waits for; overlaps = issued asynchronously\n"
           "  and joined later (it costs time only if still running at the join), or a P2P transfer; pipelined GEMM =\n"
@@ -538,9 +538,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
         what = fmt::format("[{} {}{} over {} {}, {}, {}] {}", to_string(op.kind), coll,
                            op.reduce == ReduceOp::none ? "" : std::string(" ") + to_string(op.reduce), to_string(op.group),
                            format_rank_list(grid.group_of(first_rank_of_stage(grid, 0), op.group)), format_bytes(op.size_bytes),
-                           op.type == OpType::collective && op.overlap_splits > 0 ? "pipelined GEMM"
-                                                                                   : path_text(ExplainCommRow{.type = op.type}),
-                           what);
+                           path_text(op.type, op.overlap_splits), what);
       }
       os << fmt::format("  {:<9} {:<22} {:>11}  {}\n", short_phase(op.phase), op.name, fl, what);
     }

@@ -8,13 +8,21 @@ namespace {
 
 std::string table(const std::vector<std::string>& cols, const std::vector<std::vector<std::string>>& rows) {
   std::string s = "|";
-  for (const auto& c : cols) s += " " + markdown_escape(c) + " |";
+  for (const auto& c : cols) {
+    s += ' ';
+    s += markdown_escape(c);
+    s += " |";
+  }
   s += "\n|";
   for (size_t i = 0; i < cols.size(); ++i) s += i == 0 ? " --- |" : " ---: |";
   s += "\n";
   for (const auto& r : rows) {
     s += "|";
-    for (const auto& c : r) s += " " + markdown_escape(c) + " |";
+    for (const auto& c : r) {
+      s += ' ';
+      s += markdown_escape(c);
+      s += " |";
+    }
     s += "\n";
   }
   return s;
