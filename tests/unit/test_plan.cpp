@@ -71,7 +71,9 @@ TEST(Plan, TensorParallelAllReducesTwicePerLayerEachWay) {
   EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss_max"), 2);
   EXPECT_EQ(count(plan.stages[1], OpType::collective, "tp_allreduce_loss"), 2 * 2);
   for (const auto& op : plan.stages[1].ops)
-    if (std::string(op.name) == "tp_allreduce_loss_max") EXPECT_EQ(op.reduce, ReduceOp::max);
+    if (std::string(op.name) == "tp_allreduce_loss_max") {
+      EXPECT_EQ(op.reduce, ReduceOp::max);
+    }
 }
 
 TEST(Plan, SequenceParallelReplacesAllReduceByReduceScatterAndAllGather) {

@@ -160,9 +160,13 @@ TEST(SweepEnumerate, EveryPointKeptWithItsReason) {
   for (const auto& p : pts) {
     const SweepRow r = ev.analytic(p);
     statuses.insert(r.status);
-    if (!r.valid()) EXPECT_FALSE(r.reason.empty()) << "id " << r.id;
+    if (!r.valid()) {
+      EXPECT_FALSE(r.reason.empty()) << "id " << r.id;
+    }
     if (r.reason.find("same as sequence_parallel=false") != std::string::npos) ++duplicates;
-    if (p.layout.vp == 2 && p.layout.pp == 1) EXPECT_EQ(r.status, "invalid");  // interleaving needs pp > 1
+    if (p.layout.vp == 2 && p.layout.pp == 1) {
+      EXPECT_EQ(r.status, "invalid");  // interleaving needs pp > 1
+    }
   }
   EXPECT_TRUE(statuses.count("ok"));
   EXPECT_TRUE(statuses.count("invalid"));

@@ -65,7 +65,9 @@ TEST(TpOverlap, PlanMarksTheTransformerEngineOverlaps) {
   EXPECT_EQ(pipeline, 2 * 4 * 4);
   // The LM head's AllGather is Megatron's own ColumnParallelLinear: not overlapped.
   for (size_t i = 0; i + 1 < ops.size(); ++i)
-    if (std::string(ops[i + 1].name) == "lm_head") EXPECT_EQ(ops[i].overlap_splits, 0);
+    if (std::string(ops[i + 1].name) == "lm_head") {
+      EXPECT_EQ(ops[i].overlap_splits, 0);
+    }
 }
 
 TEST(TpOverlap, HidesTpTimeWithoutChangingTheWork) {
