@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "models/errors.hpp"
+#include "topologies/gpu_presets.hpp"
 #include "models/scalar_text.hpp"
 #include "topologies/preset_lookup.hpp"
 
@@ -190,6 +191,19 @@ const std::vector<NodePreset>& registry() {
 
 const NodePreset* find_node_preset(std::string_view name) {
   return presets::find(registry(), name, [](const NodePreset& n) -> const std::string& { return n.name; });
+}
+
+ClusterSpec cluster_of(const NodePreset& n, int64_t nodes) {
+  ClusterSpec c;
+  c.gpu = gpu_preset(n.gpu);
+  c.nodes = nodes;
+  c.gpus_per_node = n.gpus_per_node;
+  c.nvlink = n.nvlink;
+  c.nvls_efficiency = n.nvls_efficiency;
+  c.nics_per_node = n.nics_per_node;
+  c.nic = n.nic;
+  c.hbm_reserve_bytes = n.hbm_reserve_bytes;
+  return c;
 }
 
 const NodePreset& node_preset(std::string_view name) {

@@ -31,6 +31,11 @@ struct NodePreset {
 /// The preset named `name` (case-insensitive), or nullptr when there is none.
 const NodePreset* find_node_preset(std::string_view name);
 
+/// A cluster of `nodes` nodes of preset `n`: its GPU preset, GPUs per node, NVLink, NICs,
+/// HBM reserve and NVLS efficiency (name and fabric left default). Throws InputError when
+/// the preset's GPU is not a GPU preset.
+ClusterSpec cluster_of(const NodePreset& n, int64_t nodes);
+
 /// The preset named `name` (case-insensitive).
 /// Throws InputError(`unknown node preset "X" (valid: dgx-a100, ...)`).
 const NodePreset& node_preset(std::string_view name);

@@ -169,11 +169,7 @@ Command add_calibrate_command(CLI::App& app) {
   c->add_option("--check-layer", o.check_profile,
                 "Predict one layer's fwd+bwd from PROFILE, time its kernels back to back, print the error")
       ->type_name("PROFILE.yaml");
-  c->add_option("--set", o.sets, "Override a key before validation, e.g. --set layout.tp=4 (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(c, o.sets);
   return {c, [opts]() -> int {
             try {
               return calibrate_command(*opts);

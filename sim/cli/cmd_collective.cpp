@@ -77,14 +77,7 @@ double parse_size(const std::string& text, const std::string& option) {
 
 ClusterSpec preset_cluster(const CollectiveOptions& o) {
   const NodePreset& n = node_preset(o.cluster);  // InputError listing the presets
-  ClusterSpec c;
-  c.gpu = gpu_preset(n.gpu);
-  c.gpus_per_node = n.gpus_per_node;
-  c.nvlink = n.nvlink;
-  c.nvls_efficiency = n.nvls_efficiency;
-  c.nics_per_node = n.nics_per_node;
-  c.nic = n.nic;
-  c.hbm_reserve_bytes = n.hbm_reserve_bytes;
+  ClusterSpec c = cluster_of(n, 0);
   if (o.nodes > 0) c.nodes = o.nodes;
   else if (o.gpus > 0) c.nodes = (o.gpus + n.gpus_per_node - 1) / n.gpus_per_node;
   else throw InputError("--cluster " + o.cluster + ": give --gpus or --nodes (a preset names one node)");
@@ -207,11 +200,7 @@ Command add_collective_command(CLI::App& app) {
   c->add_option("-d,--dtype", o.dtype, "Data type (sets count = size / type size)")->capture_default_str();
   c->add_option("-o,--redop", o.redop, "Reduction printed for reducing collectives: sum, prod, min, max, avg")
       ->capture_default_str();
-  c->add_option("--set", o.sets, "Override a key of the experiment file given as --cluster (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(c, o.sets, "Override a key of the experiment file given as --cluster (repeatable)");
   return {c, [opts] { return collective_command(*opts); }};
 }
 

@@ -38,11 +38,7 @@ Command add_explain_command(CLI::App& app) {
   cmd->add_option("experiment", o.experiment, "Experiment YAML file (sections model, cluster, layout, training)")
       ->required()
       ->type_name("EXP.yaml");
-  cmd->add_option("--set", o.sets, "Override a key before validation, e.g. --set layout.tp=4 (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(cmd, o.sets);
   return {cmd, [opts] { return explain_command(*opts); }};
 }
 

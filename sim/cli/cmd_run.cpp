@@ -20,6 +20,14 @@
 
 namespace dtsim::cli {
 
+void add_set_option(CLI::App* cmd, std::vector<std::string>& sets, const std::string& help) {
+  cmd->add_option("--set", sets, help)
+      ->type_name("KEY=VALUE")
+      ->expected(1)
+      ->allow_extra_args(false)  // `--set a=1 EXP.yaml`: the file is not a second value
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 void require_input_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
@@ -82,11 +90,7 @@ Command add_run_command(CLI::App& app) {
   run->add_option("experiment", o.experiment, "Experiment YAML file (sections model, cluster, layout, training)")
       ->required()
       ->type_name("EXP.yaml");
-  run->add_option("--set", o.sets, "Override a key before validation, e.g. --set layout.tp=4 (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)  // `--set a=1 EXP.yaml`: the file is not a second value
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(run, o.sets);
   run->add_option("--json", o.json_path, "Also write the full result as JSON to FILE (atomically)")->type_name("FILE");
   run->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of the step to FILE (one process per simulated rank, one "

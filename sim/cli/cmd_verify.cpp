@@ -58,11 +58,7 @@ Command add_verify_command(CLI::App& app) {
       "verify", "Run the experiment's step plan on a shrunk model in double precision and check its math against one "
                 "device (exit 0: all rules pass, 3: a rule failed)");
   cmd->add_option("experiment", o.experiment, "Experiment YAML file")->required()->type_name("EXP.yaml");
-  cmd->add_option("--set", o.sets, "Override a key before validation, e.g. --set layout.tp=4 (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_set_option(cmd, o.sets);
   cmd->add_option("--inject", o.inject, "Run a known-wrong variant, which must fail: " + bugs)->type_name("BUG");
   cmd->add_option("--steps", o.steps, "Optimizer steps to run (default 3)")->check(CLI::Range(1, 100));
   cmd->add_option("--threads", o.threads,

@@ -3,6 +3,8 @@
 // in main.cpp. Only the CLI turns errors into messages and exit codes.
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +25,10 @@ struct Command {
 void require_input_file(const std::string& path);
 /// Throws InputError when the directory that would hold `path` does not exist.
 void require_output_dir(const std::string& path, const std::string& option);
+/// Adds the repeatable `--set KEY=VALUE` option (experiment key overrides) to `cmd`: one
+/// value per flag, so `--set a=1 EXP.yaml` leaves the file positional.
+void add_set_option(CLI::App* cmd, std::vector<std::string>& sets,
+                    const std::string& help = "Override a key before validation, e.g. --set layout.tp=4 (repeatable)");
 
 // ---- registered subcommands (one line each in main.cpp) ----
 Command add_run_command(CLI::App& app);
