@@ -261,17 +261,16 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
   const int64_t layers = stage_layer_count(e.model, l, stage);
   const double layer = layer_parameters_per_tp_rank(e.model, l.tp);
   if (l.zero_stage >= 3 && l.dp * l.cp > 1) {
-    // Units gathered one at a time, the next one prefetched: the two largest neighbours.
+    // Layers gathered one at a time, the next one prefetched: two layers. The stage's
+    // non-layer parameters (embedding, final norm, LM head) stay gathered through the step
+    // (models/plan.cpp finish_step, as FSDP's root unit).
     const double t = d(l.tp), h = d(e.model.hidden), vocab_rows = d(e.model.vocab) * h / t;
     double units = d(std::min<int64_t>(2, layers)) * layer;
-    if (stage == 0) {
-      const double embedding = vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
-      units = std::max(units, embedding + (layers > 0 ? layer : 0.0));
-    }
+    if (stage == 0)
+      units += vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
     if (stage == l.pp - 1) {
       const bool own_head = !e.model.tied_embeddings || l.pp > 1;
-      const double head = (own_head ? vocab_rows : 0.0) + d(norm_parameters(e.model));
-      units = std::max(units, head + (layers > 0 ? layer : 0.0));
+      units += (own_head ? vocab_rows : 0.0) + d(norm_parameters(e.model));
     }
     out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;
   }

@@ -188,9 +188,10 @@ MemoryBreakdown stage_memory(const Experiment& e, int64_t stage);
 
 /// The buffers of other_bytes, bytes per rank.
 struct StageBuffers {
-  /// ZeRO-3 (dp * cp > 1): the unit being computed plus the prefetched next one, gathered
-  /// whole over DP x CP (still TP-sharded), 16-bit: the larger of two layers, the embedding
-  /// + one layer (first stage) and the LM head + one layer (last stage).
+  /// ZeRO-3 (dp * cp > 1), 16-bit, gathered whole over DP x CP (still TP-sharded): the
+  /// layer being computed plus the prefetched next one, plus the stage's non-layer
+  /// parameters, which stay gathered through the step (the embedding on the first stage,
+  /// the final norm and LM head on the last; FSDP's root unit, models/plan.cpp).
   double zero3_gathered_bytes = 0;
   /// DeepSpeed's ipg gradient buckets (see the header comment): buffers x bucket elements x
   /// 2 B, bucket = training.grad_bucket / 2 B or the 5e8-element default; 2 buffers when

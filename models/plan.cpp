@@ -756,10 +756,15 @@ class Builder {
     const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
-    // With the overlapped per-layer gathers, the stage's non-layer parameters (embedding,
-    // final norm, LM head) are gathered after the step (found missing by dtsim verify).
+    // With per-layer gathers (ZeRO-1/2 with overlap_param_gather, and ZeRO-3), the stage's
+    // non-layer parameters (embedding, final norm, LM head) are gathered after the step
+    // and stay gathered through the next one: Megatron's distributed optimizer gathers
+    // every bucket, and ZeRO-3 keeps them as FSDP keeps its root unit (PyTorch
+    // torch.distributed.fsdp.fully_shard docs, reshard_after_forward: the root's is set to
+    // False, its parameters being needed again in backward). Both found missing by dtsim
+    // verify; models/memory.cpp counts them gathered.
     const double non_layer = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
-    if (param_gather_overlapped() && non_layer > 0)
+    if ((param_gather_overlapped() || (l_.zero_stage == 3 && dp_active())) && non_layer > 0)
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, non_layer * kAct);
     if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && !param_gather_overlapped())

@@ -368,11 +368,12 @@ TEST(MemoryStage, Zero3GatheredLayersAndCpShortensSequence) {
   const MemoryBreakdown mb = stage_memory(e, 0);
   const double p = stage_parameters_per_rank(m, l, 4096, 0);
   EXPECT_DOUBLE_EQ(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes, 16.0 * p / 8);
-  // Single stage: the larger of two layers (2 x 12.6M), embedding + layer 0 (V h + s h +
-  // layer = 52.4M + 4.2M + 12.6M) and LM head (tied, pp = 1: final norm only) + layer; 16-bit.
+  // Single stage: two layers (2 x 12.6M, the one computed and the prefetched one) plus
+  // the non-layer parameters, gathered through the step: embedding (V h + s h = 52.4M +
+  // 4.2M) and the head (tied, pp = 1: the final norm, 2h); 16-bit.
   const double layer = layer_parameters_per_tp_rank(m, 1);
   const double embedding = 51200.0 * 1024 + 4096.0 * 1024;
-  EXPECT_DOUBLE_EQ(mb.other_bytes, 2.0 * (embedding + layer));
+  EXPECT_DOUBLE_EQ(mb.other_bytes, 2.0 * (2.0 * layer + embedding + 2.0 * 1024));
   EXPECT_DOUBLE_EQ(stage_buffers(e, 0).zero3_gathered_bytes, mb.other_bytes);
   // CP: 2048 local tokens per rank.
   const ActivationBreakdown act = stage_activations(e, 0);

@@ -157,7 +157,11 @@ TEST(Plan, ZeroStagesChangeTheDataParallelCollectives) {
   // ZeRO-3: each layer gathered before forward and again before backward, every micro-batch.
   EXPECT_EQ(count(s3, OpType::issue, "dp_param_allgather"), 2 /*layers*/ * 2 /*mb*/ * 2 /*fwd+bwd*/);
   EXPECT_EQ(count(s3, OpType::issue, "dp_grad_reducescatter"), 2 * 2 + 2 /*embedding per mb*/);
-  EXPECT_EQ(count(s3, OpType::collective, "dp_param_allgather"), 0);
+  // The stage's non-layer parameters (embedding here) gathered once, after the optimizer.
+  EXPECT_EQ(count(s3, OpType::collective, "dp_param_allgather"), 1);
+  const double layer = layer_parameters_per_tp_rank(z3.exp.model, 2);
+  EXPECT_DOUBLE_EQ(sum_size(s3, OpType::collective, "dp_param_allgather"), (s3.params_per_rank - 2 * layer) * 2.0);
+  EXPECT_GT(s3.params_per_rank - 2 * layer, 0.0);
 }
 
 TEST(Plan, ContextParallelExchangesKeysAndValues) {

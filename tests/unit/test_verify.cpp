@@ -21,7 +21,6 @@
 #include "models/flops.hpp"
 #include "models/plan.hpp"
 #include "models/reference_math.hpp"
-#include "models/verify/plan_fixes.hpp"
 #include "models/verify/tensor.hpp"
 #include "models/verify/tiny_model.hpp"
 #include "models/verify/verify.hpp"
@@ -113,14 +112,6 @@ std::string describe(const VerifyReport& r) {
 
 bool has_gap_note(const VerifyReport& r) {
   return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("plan gap", 0) == 0; });
-}
-
-/// The plan of `e` (shrunk) with every gap the verifier still reports for it closed
-/// (models/verify/plan_fixes.hpp: ZeRO-3's non-layer parameter gather).
-StepPlan patched_plan(const Experiment& e) {
-  StepPlan plan = build_step_plan(shrink_experiment(e));
-  close_known_gaps(plan);
-  return plan;
 }
 
 // ======================================================================================
@@ -322,20 +313,14 @@ TEST(VerifyReference, BatchHasUnequalValidTokens) {
 }
 
 // ---- every rule on layouts mixing the splits ----
-// The plan as built must pass; only ZeRO-3 layouts may fail, where the report names the
-// plan gap left (non-layer parameters never gathered), and pass with it closed
-// (models/verify/plan_fixes.hpp).
+// The plan as built must pass, with no plan-gap note, ZeRO-3 included.
 class VerifyLayouts : public ::testing::TestWithParam<Case> {};
 
 TEST_P(VerifyLayouts, EveryRulePasses) {
   const Case& c = GetParam();
-  VerifyReport r = verify_experiment(make(c));
-  if (!r.passed()) {
-    EXPECT_EQ(c.zero, 3) << c.name << ": fails as planned" << describe(r);
-    EXPECT_TRUE(has_gap_note(r)) << c.name << ": a failure no plan gap explains" << describe(r);
-    r = verify_plan(patched_plan(make(c)));
-  }
+  const VerifyReport r = verify_experiment(make(c));
   EXPECT_TRUE(r.passed()) << c.name << describe(r);
+  EXPECT_FALSE(has_gap_note(r)) << c.name << describe(r);
   EXPECT_LE(r.world, 16);
   for (const auto& x : r.rules) {
     if (!x.applicable || x.name == "plan") continue;
@@ -410,23 +395,39 @@ TEST(VerifyPlanGaps, SequenceParallelNeedsTheReplicatedGradientsSummedOverTp) {
   EXPECT_TRUE(has_gap_note(r));
 }
 
+/// The plan without its gather of the non-layer parameters (a dp_param_allgather with
+/// layer -1 after optimizer_adam), as the plan had it before.
+StepPlan without_rest_gather(StepPlan plan) {
+  for (auto& st : plan.stages)
+    std::erase_if(st.ops, [](const Op& op) { return std::string(op.name) == "dp_param_allgather" && op.layer < 0; });
+  return plan;
+}
+
 TEST(VerifyPlanGaps, LayerOnlyParameterGathersLeaveTheEmbeddingStale) {
+  // With per-layer parameter gathers (ZeRO-3; ZeRO-1 with overlap_param_gather) the plan
+  // gathers the embedding, final norm and LM head after the optimizer; without that op
+  // the owners' updates of those parameters never reach the other ranks.
   for (const Case& c : {Case{.name = "zero3", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 3},
+                        Case{.name = "zero3_pp1_tied", .dp = 4, .tp = 2, .zero = 3, .tied = true},
                         Case{.name = "zero1_overlap", .dp = 4, .tp = 2, .pp = 2, .zero = 1,
                              .overlap_param_gather = true}}) {
-    const Experiment e = make(c);
-    const VerifyReport one = verify_experiment(e, {.steps = 1});
-    const VerifyReport three = verify_experiment(e);
-    if (!has_gap_note(three)) {  // closed in the plan
-      EXPECT_TRUE(three.passed()) << c.name << describe(three);
-      continue;
-    }
+    const StepPlan plan = build_step_plan(shrink_experiment(make(c)));
+    int rest = 0;
+    for (const auto& st : plan.stages)
+      for (const auto& op : st.ops)
+        rest += std::string(op.name) == "dp_param_allgather" && op.layer < 0 && op.phase == Phase::optimizer;
+    EXPECT_EQ(rest, c.pp == 1 ? 1 : 2) << c.name << ": one on the first and one on the last stage";
+    const VerifyReport ok = verify_plan(plan);
+    EXPECT_TRUE(ok.passed()) << c.name << describe(ok);
+    EXPECT_FALSE(has_gap_note(ok)) << c.name << describe(ok);
+    const StepPlan stale = without_rest_gather(plan);
     // Step 1 is right everywhere (its forward uses the initial parameters) ...
+    const VerifyReport one = verify_plan(stale, {.steps = 1});
     for (const char* rule : {"loss", "DP", "TP", "CP", "PP"}) EXPECT_TRUE(one.rule(rule).passed) << c.name << describe(one);
-    // ... but owners' updates of non-layer parameters never reach the other ranks.
+    // ... but from the second step on, non-owners compute with stale values.
+    const VerifyReport three = verify_plan(stale);
     EXPECT_FALSE(three.passed()) << c.name;
-    const VerifyReport fixed = verify_plan(patched_plan(e));
-    EXPECT_TRUE(fixed.passed()) << c.name << describe(fixed);
+    EXPECT_TRUE(has_gap_note(three)) << c.name << describe(three);
   }
 }
 
