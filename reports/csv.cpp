@@ -1,12 +1,28 @@
 #include "reports/csv.hpp"
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
 namespace dtsim {
 
-std::string csv_field(const std::string& s) {
+namespace {
+
+/// A text cell a spreadsheet would run as a formula: it begins with =, +, -, @, tab or CR
+/// and is not a number (OWASP, "CSV Injection").
+bool formula_like(const std::string& s) {
+  if (s.empty() || std::string_view("=+-@\t\r").find(s.front()) == std::string_view::npos) return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end != s.c_str() + s.size();
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& raw) {
+  const std::string s = formula_like(raw) ? "'" + raw : raw;
   if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
   std::string out = "\"";
   for (char c : s) {

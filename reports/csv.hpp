@@ -1,5 +1,8 @@
 #pragma once
 // CSV output (RFC 4180): fields with a comma, quote, CR or LF are quoted, quotes doubled.
+// A text field a spreadsheet would run as a formula (first character =, +, -, @, tab or CR,
+// and not a number) gets a leading ' (OWASP "CSV Injection" recommendation); numbers such
+// as -1.5 are written as they are.
 // Numbers use a fixed format ({:.9g}) so the same result gives the same bytes.
 #include <string>
 #include <vector>
@@ -8,7 +11,7 @@
 
 namespace dtsim {
 
-/// One field, quoted when needed (RFC 4180 Sec 2).
+/// One field, quoted when needed (RFC 4180 Sec 2), formula-like text prefixed with '.
 std::string csv_field(const std::string& s);
 /// A number as written in every dtsim CSV: {:.9g}; non-finite values as empty fields.
 std::string csv_number(double v);

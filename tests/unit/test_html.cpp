@@ -94,6 +94,15 @@ TEST(CsvReport, QuotesFieldsPerRfc4180) {
   EXPECT_EQ(csv_field("plain"), "plain");
   EXPECT_EQ(csv_field("a,b"), "\"a,b\"");
   EXPECT_EQ(csv_field("say \"hi\"\n"), "\"say \"\"hi\"\"\n\"");
+  // Formula-like text is neutralised (OWASP CSV Injection); numbers are left alone.
+  EXPECT_EQ(csv_field("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
+  EXPECT_EQ(csv_field("@SUM(A1)"), "'@SUM(A1)");
+  EXPECT_EQ(csv_field("+cmd"), "'+cmd");
+  EXPECT_EQ(csv_field("-x"), "'-x");
+  EXPECT_EQ(csv_field("-1.5e-3"), "-1.5e-3");
+  EXPECT_EQ(csv_field("+2"), "+2");
+  EXPECT_EQ(csv_field(""), "");
+  EXPECT_EQ(csv_line({"=1+1", "-7"}), "'=1+1,-7\n");
   EXPECT_EQ(csv_number(0), "0");
   EXPECT_EQ(csv_number(1.0 / 3.0), "0.333333333");
   SweepRow r;
