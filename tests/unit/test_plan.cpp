@@ -225,10 +225,15 @@ TEST(Plan, GemmWaveFillFollowsTheMatrixMultiplicationGuide) {
   // Unknown SM count or an empty dimension: no quantisation.
   EXPECT_DOUBLE_EQ(gemm_wave_fill({1000, 1000, 1000}, 0), 1.0);
   EXPECT_DOUBLE_EQ(gemm_wave_fill({0, 1000, 1000}, 108), 1.0);
-  // Presets store the full-wave rate: MAMF 0.869 on A100 measured at 1024x10240x5120
-  // (fill 320 / 324), 0.803 on H100 at 2048x2048x13312 (fill 128 / 132).
-  EXPECT_NEAR(gpu_preset("A100-SXM4-80GB").gemm_efficiency, 0.869 * 324 / 320, 1e-12);
-  EXPECT_NEAR(gpu_preset("H100-SXM5-80GB").gemm_efficiency, 0.803 * 132 / 128, 1e-12);
+  // Presets store the full-wave rate: the maximum of a sweep of shapes (which includes
+  // full-wave ones), sustained (MSMF) where published, else burst (MAMF): A100 MAMF
+  // 271.2 / 312; H100 and H200 the H200's MSMF 755 / 989; B200 MSMF 1429 / 2250. The
+  // sustained rate is below the burst one (H100 MAMF 794.5 / 989).
+  EXPECT_NEAR(gpu_preset("A100-SXM4-80GB").gemm_efficiency, 271.2 / 312, 1e-12);
+  EXPECT_NEAR(gpu_preset("H100-SXM5-80GB").gemm_efficiency, 755.0 / 989, 1e-12);
+  EXPECT_NEAR(gpu_preset("H200-SXM-141GB").gemm_efficiency, 755.0 / 989, 1e-12);
+  EXPECT_NEAR(gpu_preset("B200").gemm_efficiency, 1429.0 / 2250, 1e-12);
+  EXPECT_LT(gpu_preset("H100-SXM5-80GB").gemm_efficiency, 794.5 / 989);
 }
 
 TEST(Plan, InvalidExperimentIsRejectedBeforePlanning) {

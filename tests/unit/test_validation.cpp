@@ -1,18 +1,16 @@
 // Accuracy against published training runs (dtsim validate). Tolerances:
 //  - the two GPT-3 175B runs of Korthikanti 2022 within 25% of 13.75 s and 18.13 s;
 //  - every published experiment shipped in experiments/: the project's target (issue 5,
-//    `dtsim validate`'s defaults), MAPE <= 15% and every row within 30%, with one named
-//    exception bounded at 40%: Megatron-Core's GPT 1.7B on 48 H100 (measured +34.6%). Its
-//    GEMMs are small (hidden 2048, micro-batch 1) and each layer's GPU time is about
-//    3.4 ms per micro-batch, so the real run is likely bound by host-side (Python/PyTorch)
-//    kernel dispatch, which dtsim does not model (no published per-kernel host cost was
-//    found). Measured when this test was written: MAPE 12.5% over 25 rows.
+//    `dtsim validate`'s defaults), MAPE <= 15% and every row within 30%. Measured when
+//    this test was written: MAPE 11.7% over 25 rows, worst row +28.7% (Megatron-Core's
+//    GPT 1.7B on 48 H100).
 // No constant is fitted to any row: efficiencies belong to the GPU, the kernel kind or the
 // framework and cite their sources.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,10 +42,7 @@ TEST(Validation, PublishedRunsWithinTolerance) {
   ASSERT_GE(rep.rows.size(), 25u);
   std::cout << format_validation(rep);
   EXPECT_LE(rep.mape_pct, 15.0);
-  for (const auto& row : rep.rows) {
-    const bool host_bound = row.file.find("megatron-core-h100-gpt-1.7b") != std::string::npos;
-    EXPECT_LE(std::fabs(row.error_pct), host_bound ? 40.0 : 30.0) << row.file;
-  }
+  for (const auto& row : rep.rows) EXPECT_LE(std::fabs(row.error_pct), 30.0) << row.file;
 }
 
 /// Forward and backward time of one transformer layer (layer 10, micro-batch 0, rank 0) in
@@ -88,7 +83,7 @@ std::pair<double, double> layer_times(const Experiment& e) {
 // (a = 64, h = 6144, s = 2048) with TP 8 on a DGX A100, micro-batch 4, forward and backward
 // milliseconds (shared/validation/layer_times.csv). The layer is where the kernel cost model
 // (wave-quantised GEMMs, memory-bound kernels) and the TP collectives meet, with no pipeline
-// or data-parallel effects. Tolerance 10% per figure (measured: 3.8-7.3% low).
+// or data-parallel effects. Tolerance 10% per figure (measured: 3.2-6.5% low).
 TEST(Validation, LayerTimesMatchKorthikantiTable4) {
   struct Row {
     const char* experiment;
@@ -108,6 +103,8 @@ TEST(Validation, LayerTimesMatchKorthikantiTable4) {
                                          {std::string("layout.recompute=") + r.recompute,
                                           std::string("layout.sequence_parallel=") + (r.sp ? "true" : "false")});
     const auto [fwd, bwd] = layer_times(e);
+    std::cout << r.experiment << ": forward " << fwd * 1e3 << " ms (published " << r.fwd_ms << "), backward "
+              << bwd * 1e3 << " ms (published " << r.bwd_ms << ")\n";
     EXPECT_NEAR(fwd * 1e3 / r.fwd_ms, 1.0, 0.10) << r.experiment << ": forward " << fwd * 1e3 << " ms";
     EXPECT_NEAR(bwd * 1e3 / r.bwd_ms, 1.0, 0.10) << r.experiment << ": backward " << bwd * 1e3 << " ms";
   }
