@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 
-#include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/scalar_text.hpp"
 #include "topologies/preset_lookup.hpp"
