@@ -325,6 +325,23 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   const double t_p2p = p > 1 ? comm.p2p(0, stage_size, sh.p2p_bytes) : 0.0;
   const double ptag = sh.recv_tp_allgather_s;
 
+  // Non-layer parameters of stage s on one rank, as plan.cpp splits them: the first
+  // stage's embedding and the last stage's head (final norm + LM head or its tied copy).
+  auto edge_params = [&](int64_t s) {
+    const bool first = s == 0, last = s == p - 1;
+    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layers_rank * sh.layer_params_rank;
+    double head = 0;
+    if (first && last)
+      head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
+    else if (last)
+      head = rest;
+    return std::pair<double, double>{rest - head, head};  // {embedding, head}
+  };
+  // ZeRO-3, per micro-batch on the DP stream: the head's gradient ReduceScatter sits ahead
+  // of the gather of the first layer of the backward, and the embedding's ahead of the
+  // next forward's first gather; the first gather of each chunk is not prefetched.
+  std::vector<double> z3_edge(static_cast<size_t>(p), 0.0);
+
   // Per-rank forward / backward of one micro-batch (all its chunks).
   std::vector<double> F(static_cast<size_t>(p)), B(static_cast<size_t>(p));
   double w_max = 0, w_sum = 0;
@@ -333,7 +350,14 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
     double f = layers_rank * lf + (first ? sh.emb_f.time : 0.0) + (last ? sh.head_f.time : 0.0) + recv_f * ptag;
     double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
-    if (l.zero_stage == 3 && dpcp > 1) f += d(v) * z3_ag;  // the first gather of a chunk is not prefetched
+    if (l.zero_stage == 3 && dpcp > 1) {
+      const auto [emb, head] = edge_params(s);
+      const double edge = (last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0) +
+                          (first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0);
+      z3_edge[static_cast<size_t>(s)] = 2.0 * d(v) * z3_ag + edge;
+      f += d(v) * z3_ag + (first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0);
+      b += d(v) * z3_ag + (last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0);
+    }
     F[static_cast<size_t>(s)] = f;
     B[static_cast<size_t>(s)] = b;
     w_max = std::max(w_max, f + b);
@@ -367,11 +391,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
 
     // Data-parallel gradient reduction after (or during) the last micro-batch's backward.
     double dp_total = 0, dp_exposed = 0, stretch = 0, gather = 0;
+    double dp_in_pipe = 0;  // part of dp_exposed already inside F and B (ZeRO-3), not added again
     if (dpcp > 1) {
       if (l.zero_stage == 3) {
         const double layers_mb = layers_rank;
         dp_total = d(m) * layers_mb * (2.0 * z3_ag + z3_rs);
-        dp_exposed = d(m) * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + d(v) * z3_ag);
+        dp_exposed = d(m) * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + z3_edge[static_cast<size_t>(s)]);
+        dp_in_pipe = dp_exposed;
         // Embedding / head gradients are reduce-scattered after their backward; the last one
         // of the step is exposed.
         const double head_params = params - layers_rank * sh.layer_params_rank;
@@ -435,6 +461,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           dp_exposed += d(v) * ag;
         }
       }
+      // Per-layer parameter gathers (ZeRO-3; ZeRO-1/2 with overlap_param_gather): the
+      // stage's non-layer parameters are gathered after the optimizer (plan.cpp finish_step).
+      const double non_layer = params - layers_rank * sh.layer_params_rank;
+      if ((l.zero_stage == 3 || ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather)) &&
+          non_layer > 0) {
+        gather = dp_ring(Collective::AllGather, non_layer * 2.0);  // counted in total and exposed below
+      }
     }
     // Optimizer: fused Adam over the parameters this rank owns (plan.cpp finish_step).
     Op adam;
@@ -442,7 +475,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     adam.kernels = sh.adam_kernels;
     adam.bytes = params / (l.zero_stage >= 1 ? d(dpcp) : 1.0) * sh.adam_bytes_per_param;
     const double opt = compute_time(adam, c.gpu, tr.dtype);
-    const double finish = end_bwd + stretch + dp_exposed + opt + gather;
+    const double finish = end_bwd + stretch + (dp_exposed - dp_in_pipe) + opt + gather;
     est.step_time_s = std::max(est.step_time_s, finish);
     est.optimizer_s = std::max(est.optimizer_s, opt);
 
