@@ -270,6 +270,15 @@ class Builder {
     op.handle = sp_.handles++;
   }
 
+  /// Marks the wait just appended (for the CP K/V AllGather) as a ring of cp - 1 remote
+  /// blocks: ring attention (Liu et al. 2023, arXiv 2310.01889, Sec 3; Megatron-Core / TE
+  /// context parallelism, attn_forward_func_with_cp) computes block i while block i + 1
+  /// travels, so only the last block waits for the whole exchange (Op::overlap_splits).
+  void ring_blocks() {
+    if (l_.cp > 2 && !sp_.ops.empty() && sp_.ops.back().type == OpType::wait)
+      sp_.ops.back().overlap_splits = static_cast<int32_t>(l_.cp);
+  }
+
   void attention_core_forward(Phase ph, int layer, int mb) {
     const double heads_local = static_cast<double>(m_.heads) / t_;
     const double S = static_cast<double>(e_.training.seq_len);
@@ -287,6 +296,7 @@ class Builder {
         compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
                 attn_fwd_work_);
         wait(cp_handle, CommKind::CP, layer, mb, ph);
+        ring_blocks();
         compute("attention_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
                 bytes * (cpf - 1) / cpf, static_cast<int>(l_.cp - 1), attn_fwd_work_);
       } else {
@@ -318,6 +328,7 @@ class Builder {
         compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
                 attn_bwd_work_);
         wait(kv, CommKind::CP, layer, mb, ph);
+        ring_blocks();
         const int dkv = issue("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter,
                               GroupKind::CP, kv_size);
         compute("attention_bwd_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,

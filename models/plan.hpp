@@ -115,6 +115,11 @@ struct Op {
   ///    ReduceScatter of (m-1)/m of the buffer, run (m-1)/m of the GEMM, wait, then a
   ///    blocking ReduceScatter of the last 1/m (m-1 chunk collectives counted as one:
   ///    their latency once).
+  ///  - wait of the CP K/V AllGather (ring attention, splits = CP > 2): the NEXT compute op
+  ///    after it (skipping the issue of the dK/dV ReduceScatter in backward) holds the
+  ///    cp - 1 remote blocks; block i runs while block i + 1 arrives. Engines: run
+  ///    (cp - 2)/(cp - 1) of it, wait, run the last block, i.e.
+  ///    t = max((cp - 2) g, C - local) + g with g = one block.
   int32_t overlap_splits = 0;
 
   Direction dir = Direction::forward;  // send/recv

@@ -233,6 +233,29 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       ++i;
       continue;
     }
+    auto issue_op = [&](const Op& x) {
+      const double c = comm_time(x);
+      const int kx = static_cast<int>(x.kind);
+      const double start = std::max(r.t, r.free[kx]);
+      r.free[kx] = start + c;
+      if (x.handle >= 0) r.done[static_cast<size_t>(x.handle)] = r.free[kx];
+      r.seg.total[kx] += c;
+    };
+    // CP ring attention (a wait with Op::overlap_splits), as the DES engine.
+    if (op.type == OpType::wait && op.overlap_splits > 2) {
+      size_t j = i + 1;
+      if (j < st.ops.size() && st.ops[j].type == OpType::issue) issue_op(st.ops[j++]);
+      if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
+        const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
+        r.t = advance(r.t, g * (blocks - 1) / blocks, busy_until(), speed);
+        const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
+        if (end > r.t) r.seg.exposed[k] += end - r.t, r.t = end;
+        r.t = advance(r.t, g / blocks, busy_until(), speed);
+        r.seg.compute += g;
+        i = j;
+        continue;
+      }
+    }
     switch (op.type) {
       case OpType::compute: {
         if (w == OPT) {
@@ -253,14 +276,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         r.seg.exposed[k] += c;
         break;
       }
-      case OpType::issue: {
-        const double c = comm_time(op);
-        const double start = std::max(r.t, r.free[k]);
-        r.free[k] = start + c;
-        if (op.handle >= 0) r.done[static_cast<size_t>(op.handle)] = r.free[k];
-        r.seg.total[k] += c;
+      case OpType::issue:
+        issue_op(op);
         break;
-      }
       case OpType::wait: {
         const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
         if (end > r.t) {

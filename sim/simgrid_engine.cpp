@@ -446,8 +446,37 @@ void Simulation::compute_actor(RankState& rs) {
     last.size_bytes = rs_op.size_bytes / m;
     blocking_collective(rs, last);
   };
+  // CP ring attention (a wait with Op::overlap_splits, models/plan.hpp): the remote blocks
+  // but the last run before the K/V exchange completes; returns the index of the op done.
+  auto ring_blocks = [&](size_t i) -> size_t {
+    size_t j = i + 1;
+    if (j < ops.size() && ops[j].type == OpType::issue) {  // backward: dK/dV ReduceScatter
+      flush();
+      issue(rs, ops[j]);
+      ++j;
+    }
+    const Op& remote = ops[j];
+    flush();
+    const double t0 = sg4::Engine::get_clock();
+    const double blocks = ops[i].overlap_splits - 1;
+    run_now(remote.time_s * (blocks - 1) / blocks);
+    wait_handle(rs, ops[i]);
+    run_now(remote.time_s / blocks);
+    record(rs, TraceStream::compute, remote, "compute", t0);
+    rs.stats.compute_s += remote.time_s;
+    return j;
+  };
+  auto is_ring_wait = [&](size_t i) {
+    if (ops[i].type != OpType::wait || ops[i].overlap_splits <= 2) return false;
+    const size_t j = i + 1 < ops.size() && ops[i + 1].type == OpType::issue ? i + 2 : i + 1;
+    return is_gemm(j);
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    if (is_ring_wait(i)) {
+      i = ring_blocks(i);
+      continue;
+    }
     if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather &&
         is_gemm(i + 1)) {
       ring_exchange(op, ops[i + 1]);
