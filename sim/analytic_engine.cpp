@@ -370,11 +370,11 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
     if (l.zero_stage == 3 && dpcp > 1) {
       const auto [emb, head] = edge_params(s);
-      const double edge = (last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0) +
-                          (first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0);
-      z3_edge[static_cast<size_t>(s)] = 2.0 * d(v) * z3_ag + edge;
-      f += d(v) * z3_ag + (first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0);
-      b += d(v) * z3_ag + (last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0);
+      const double rs_emb = first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0;
+      const double rs_head = last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0;
+      z3_edge[static_cast<size_t>(s)] = 2.0 * d(v) * z3_ag + rs_emb + rs_head;
+      f += d(v) * z3_ag + rs_emb;
+      b += d(v) * z3_ag + rs_head;
     }
     F[static_cast<size_t>(s)] = f;
     B[static_cast<size_t>(s)] = b;
