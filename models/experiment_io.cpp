@@ -808,6 +808,11 @@ YAML::Node apply_overrides(YAML::Node root, const std::vector<std::string>& over
     }
     const std::string key = o.substr(0, eq);
     const std::string text = o.substr(eq + 1);
+    if (key.empty()) {
+      problems.add("--set " + quote(o) + ": missing key before '=' (expected --set key.path=value, e.g. --set "
+                   "layout.tp=4)");
+      continue;
+    }
     const auto segs = split_dots(key);
     // Check the path against the schema.
     std::string parent;
@@ -945,6 +950,15 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     p.add("training.grad_bucket must not be negative");
   if (ok({"layout.cp", "training.seq_len"}) && l.cp > 0 && t.seq_len > 0 && !divides(l.cp, t.seq_len))
     p.add("layout.cp=" + s(l.cp) + " does not divide training.seq_len=" + s(t.seq_len));
+  else if (ok({"layout.cp", "training.seq_len"}) && l.cp > 1 && t.seq_len > 0 && t.seq_len % (2 * l.cp) != 0)
+    p.add("training.seq_len=" + s(t.seq_len) + " is not a multiple of 2*layout.cp=" + s(2 * l.cp) +
+          " (causal context parallelism splits the sequence into 2*cp chunks for load balance: Megatron-Core "
+          "get_batch_on_this_cp_rank)");
+  if (ok({"layout.sequence_parallel", "layout.tp", "layout.cp", "training.seq_len"}) && l.sequence_parallel &&
+      l.tp > 1 && l.cp > 0 && t.seq_len > 0 && divides(l.cp, t.seq_len) && (t.seq_len / l.cp) % l.tp != 0)
+    p.add("layout.tp=" + s(l.tp) + " does not divide the " + s(t.seq_len / l.cp) +
+          " tokens of a CP rank (training.seq_len=" + s(t.seq_len) + " / layout.cp=" + s(l.cp) +
+          "): sequence parallelism splits them over TP (Megatron-LM scatter_to_sequence_parallel_region)");
 
   // Batch: whole gradient-accumulation steps.
   if (ok({"training.global_batch", "training.micro_batch", "layout.dp"}) && t.micro_batch > 0 && l.dp > 0 &&

@@ -11,12 +11,13 @@ namespace dtsim {
 namespace {
 
 /// A text cell a spreadsheet would run as a formula: it begins with =, +, -, @, tab or CR
-/// and is not a number (OWASP, "CSV Injection").
+/// and is not a number or a percentage such as -59.9% (OWASP, "CSV Injection").
 bool formula_like(const std::string& s) {
   if (s.empty() || std::string_view("=+-@\t\r").find(s.front()) == std::string_view::npos) return false;
   char* end = nullptr;
   std::strtod(s.c_str(), &end);
-  return end != s.c_str() + s.size();
+  const std::string_view rest(end);
+  return !(end != s.c_str() && (rest.empty() || rest == "%"));  // a number, or a percentage
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 #pragma once
 // CSV output (RFC 4180): fields with a comma, quote, CR or LF are quoted, quotes doubled.
 // A text field a spreadsheet would run as a formula (first character =, +, -, @, tab or CR,
-// and not a number) gets a leading ' (OWASP "CSV Injection" recommendation); numbers such
-// as -1.5 are written as they are.
+// and not a number) gets a leading ' (OWASP "CSV Injection" recommendation); numbers and
+// percentages such as -1.5 or +0.0% are written as they are.
 // Numbers use a fixed format ({:.9g}) so the same result gives the same bytes.
 #include <string>
 #include <vector>

@@ -97,7 +97,8 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   if (!c.name.empty()) fmt::format_to(out, ", {}", c.name);
   o += '\n';
   fmt::format_to(out, "  layout    DP {} x TP {} x CP {} x PP {}, ZeRO-{}, sequence parallel {}, recompute {}\n",
-                 l.dp, l.tp, l.cp, l.pp, l.zero_stage, l.sequence_parallel ? "on" : "off",
+                 l.dp, l.tp, l.cp, l.pp, l.zero_stage,
+                 !l.sequence_parallel ? "off" : l.tp > 1 ? "on" : "off (tp=1: no TP group to split, as Megatron-LM)",
                  to_string(l.recompute));
   const int64_t accumulation = (t.micro_batch > 0 && l.dp > 0) ? t.accumulation(l) : 0;
   fmt::format_to(out,

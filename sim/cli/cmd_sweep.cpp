@@ -1,4 +1,5 @@
 // dtsim sweep SWEEP.yaml --out DIR [--resume] [--shard i/N] [--jobs N] [--refine-top K] [--quiet]
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -43,11 +44,13 @@ int sweep_command(const SweepOptions& o) {
     std::cout << fmt::format("dtsim sweep: {}\n  {} layouts ({} valid), {} re-simulated, {:.1f} s\n", spec.title,
                              out.analytic.size(), ok, out.simgrid.size(), out.wall_s);
     if (out.resumed_rows > 0) std::cout << fmt::format("  resumed: {} rows were already in the journal\n", out.resumed_rows);
+    size_t width = 1;  // the longest cluster label shown, whole: labels differ at their end
+    for (size_t i = 0; i < ranked.size() && i < 5; ++i) width = std::max(width, ranked[i].cluster_label.size());
     for (size_t i = 0; i < ranked.size() && i < 5; ++i) {
       const auto& r = ranked[i];
-      std::cout << fmt::format("  #{} {:<28} {:<44} {:>9.4f} s  {:>7.0f} tok/s/GPU  MFU {:4.1f}%  ({})\n", i + 1,
-                               r.cluster_label.substr(0, 28), sweep::layout_label(r.layout, r.micro_batch),
-                               r.step_time_s, r.tokens_per_s_per_gpu, r.mfu * 100, r.engine);
+      std::cout << fmt::format("  #{} {:<{}} {:<44} {:>9.4f} s  {:>7.0f} tok/s/GPU  MFU {:4.1f}%  ({})\n", i + 1,
+                               r.cluster_label, width, sweep::layout_label(r.layout, r.micro_batch), r.step_time_s,
+                               r.tokens_per_s_per_gpu, r.mfu * 100, r.engine);
     }
     std::cout << fmt::format("  written: {0}/results.csv {0}/ranked.csv {0}/sweep.json {0}/report.html {0}/report.md\n",
                              o.out);

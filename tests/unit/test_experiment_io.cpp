@@ -223,6 +223,26 @@ TEST(ExperimentIoConstraint, CpDividesSeqLen) {
                  "exp.yaml: layout.cp=2 does not divide training.seq_len=2047");
 }
 
+TEST(ExperimentIoConstraint, CpLoadBalanceNeedsTwoChunksPerRank) {
+  expect_problem({"layout.cp=2", "layout.dp=1", "training.seq_len=2050"},
+                 "exp.yaml: training.seq_len=2050 is not a multiple of 2*layout.cp=4 (causal context parallelism "
+                 "splits the sequence into 2*cp chunks for load balance: Megatron-Core get_batch_on_this_cp_rank)");
+  EXPECT_TRUE(problems(kBase, {"layout.cp=2", "layout.dp=1", "training.seq_len=2048"}).empty());
+}
+
+TEST(ExperimentIoConstraint, SequenceParallelNeedsTpThatDividesTheTokens) {
+  expect_problem({"layout.sequence_parallel=true", "training.seq_len=2050"},
+                 "exp.yaml: layout.tp=4 does not divide the 2050 tokens of a CP rank (training.seq_len=2050 / "
+                 "layout.cp=1): sequence parallelism splits them over TP (Megatron-LM "
+                 "scatter_to_sequence_parallel_region)");
+  EXPECT_TRUE(problems(kBase, {"training.seq_len=2050"}).empty());  // no SP: any length
+}
+
+TEST(ExperimentIoConstraint, SetNeedsAKey) {
+  expect_problem({"=3"}, "exp.yaml: --set \"=3\": missing key before '=' (expected --set key.path=value, e.g. "
+                         "--set layout.tp=4)");
+}
+
 TEST(ExperimentIoConstraint, GlobalBatchIsWholeAccumulation) {
   expect_problem({"training.global_batch=100", "training.micro_batch=32"},
                  "exp.yaml: training.global_batch=100 is not a multiple of training.micro_batch*layout.dp=64");
@@ -239,7 +259,8 @@ TEST(ExperimentIoConstraint, ZeroStageRange) {
 }
 
 TEST(ExperimentIoConstraint, SequenceParallelWithTp1IsAllowed) {
-  // Megatron accepts --sequence-parallel with TP=1 as a no-op.
+  // Megatron accepts --sequence-parallel with TP=1 as a no-op (arguments.py disables it);
+  // the run summary says it is off (reports/summary.cpp), as verify and sweep do.
   EXPECT_TRUE(problems(kBase, {"layout.tp=1", "layout.dp=8", "layout.sequence_parallel=true"}).empty())
       << dump(problems(kBase, {"layout.tp=1", "layout.dp=8", "layout.sequence_parallel=true"}));
 }

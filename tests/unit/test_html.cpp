@@ -101,6 +101,10 @@ TEST(CsvReport, QuotesFieldsPerRfc4180) {
   EXPECT_EQ(csv_field("-x"), "'-x");
   EXPECT_EQ(csv_field("-1.5e-3"), "-1.5e-3");
   EXPECT_EQ(csv_field("+2"), "+2");
+  EXPECT_EQ(csv_field("-59.9%"), "-59.9%");  // compare.csv deltas stay numeric
+  EXPECT_EQ(csv_field("+0.0%"), "+0.0%");
+  EXPECT_EQ(csv_field("-5%x"), "'-5%x");
+  EXPECT_EQ(csv_field("-"), "'-");
   EXPECT_EQ(csv_field(""), "");
   EXPECT_EQ(csv_line({"=1+1", "-7"}), "'=1+1,-7\n");
   EXPECT_EQ(csv_number(0), "0");

@@ -152,6 +152,16 @@ TEST(ReportsSummary, ContainsTheKeyFigures) {
   EXPECT_EQ(s, format_summary(sample_experiment(), sample_result())) << "deterministic";
 }
 
+TEST(ReportsSummary, SequenceParallelAtTp1IsReportedOff) {
+  // Megatron-LM disables --sequence-parallel at TP 1; the summary says so, as verify does.
+  Experiment e = sample_experiment();
+  e.layout.tp = 1;
+  e.layout.dp = 8;
+  e.layout.sequence_parallel = true;
+  const std::string s = format_summary(e, sample_result());
+  EXPECT_NE(s.find("sequence parallel off (tp=1"), std::string::npos) << s;
+}
+
 TEST(ReportsSummary, DurationUnitsFollowMagnitude) {
   EXPECT_EQ(format_duration(13.75), "13.75 s");
   EXPECT_EQ(format_duration(0.4123), "412.3 ms");
