@@ -418,9 +418,9 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         dp_in_pipe = dp_exposed;
         // Embedding / head gradients are reduce-scattered after their backward; the last one
         // of the step is exposed.
-        const double head_params = params - layers_rank * sh.layer_params_rank;
-        const double tail = dp_ring(Collective::ReduceScatter, std::max(head_params, sh.layer_params_rank) * grad_bytes);
-        dp_total += d(m) * dp_ring(Collective::ReduceScatter, head_params * grad_bytes);
+        const double edge = params - layers_rank * sh.layer_params_rank;
+        const double tail = dp_ring(Collective::ReduceScatter, std::max(edge, sh.layer_params_rank) * grad_bytes);
+        dp_total += d(m) * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
         dp_exposed += tail;
       } else {
         const Collective coll = l.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
@@ -429,18 +429,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           dp_exposed = dp_total;
         } else {
           // The plan's buckets, in backward order: head (last stage), layers, embedding.
-          const double head_params = last ? params - layers_rank * sh.layer_params_rank : 0.0;
-          double emb_params = 0, head_only = 0;
-          if (first && last) {
-            // pp == 1: plan.cpp head_params_rank() (final norm + untied LM head) and the rest.
-            head_only = d(norm_parameters(model)) +
-                        (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
-            emb_params = params - layers_rank * sh.layer_params_rank - head_only;
-          } else if (last) {
-            head_only = head_params;
-          } else if (first) {
-            emb_params = params - layers_rank * sh.layer_params_rank;
-          }
+          const auto [emb_params, head_only] = edge_params(s);
           double t = 0, f = 0, pending = 0, work = 0;
           auto item = [&](double params_ready, double seconds) {
             t = advance(t, seconds, f, speed);

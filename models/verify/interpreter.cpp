@@ -2209,51 +2209,35 @@ struct Interpreter::Impl {
   // Per-replica blocks of a lane's stacked token matrix: replica dd owns rows
   // [dd * rows / nd, (dd + 1) * rows / nd) and uses its own parameters (one kernel over
   // every row when they are uniform).
-  /// x W (each block with its replica's parameter k).
-  /// With `bias`, then + each replica's bias (add_bias; in the same pass when both the
-  /// weight and the bias are uniform).
-  Mat linear(Lane& L, const Mat& x, LK k, int layer, const Op& op, const LK* bias = nullptr) {
-    if (uniform(L, k, layer)) {
-      const Mat& w = lane_value(L, 0, k, layer, op);
-      if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
-      Mat y = Mat::uninitialized(x.rows, w.cols);
-      if (bias != nullptr && uniform(L, *bias, layer)) {
-        gemm_bias(x.v.data(), w.v.data(), wptr(L, 0, *bias, layer, op), y.v.data(), x.rows, x.cols, w.cols);
-        return y;
-      }
-      gemm(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.cols, false);
-      if (bias != nullptr) add_bias(L, y, *bias, layer, op);
-      return y;
-    }
-    const int64_t rr = x.rows / nd;
+  /// x W, or x W^T with `nt` (each block with its replica's parameter k). With `bias` (x W
+  /// only), then + each replica's bias (add_bias; in the same pass when both the weight and
+  /// the bias are uniform).
+  Mat product(Lane& L, const Mat& x, LK k, int layer, const Op& op, bool nt, const LK* bias) {
+    const bool one = uniform(L, k, layer);
+    const int64_t blocks = one ? 1 : nd, rr = x.rows / blocks;
     Mat y;
-    for (int64_t dd = 0; dd < nd; ++dd) {
+    for (int64_t dd = 0; dd < blocks; ++dd) {
       const Mat& w = lane_value(L, dd, k, layer, op);
-      if (w.rows != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
-      if (dd == 0) y = Mat::uninitialized(x.rows, w.cols);
-      gemm(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.cols, false);
+      const int64_t inner = nt ? w.cols : w.rows, out = nt ? w.rows : w.cols;
+      if (inner != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
+      if (dd == 0) y = Mat::uninitialized(x.rows, out);
+      if (nt) {
+        gemm_nt(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, out, false);
+      } else if (one && bias != nullptr && uniform(L, *bias, layer)) {
+        gemm_bias(x.v.data(), w.v.data(), wptr(L, 0, *bias, layer, op), y.v.data(), x.rows, x.cols, out);
+        return y;
+      } else {
+        gemm(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, out, false);
+      }
     }
     if (bias != nullptr) add_bias(L, y, *bias, layer, op);
     return y;
   }
-  /// x W^T (each block with its replica's parameter k).
+  Mat linear(Lane& L, const Mat& x, LK k, int layer, const Op& op, const LK* bias = nullptr) {
+    return product(L, x, k, layer, op, false, bias);
+  }
   Mat linear_nt(Lane& L, const Mat& x, LK k, int layer, const Op& op) {
-    if (uniform(L, k, layer)) {
-      const Mat& w = lane_value(L, 0, k, layer, op);
-      if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
-      Mat y = Mat::uninitialized(x.rows, w.rows);
-      gemm_nt(x.v.data(), w.v.data(), y.v.data(), x.rows, x.cols, w.rows, false);
-      return y;
-    }
-    const int64_t rr = x.rows / nd;
-    Mat y;
-    for (int64_t dd = 0; dd < nd; ++dd) {
-      const Mat& w = lane_value(L, dd, k, layer, op);
-      if (w.cols != x.cols) die(op, fmt::format("{} does not fit its input ({} x {})", lk_name(k), x.rows, x.cols));
-      if (dd == 0) y = Mat::uninitialized(x.rows, w.rows);
-      gemm_nt(x.row(dd * rr), w.v.data(), y.row(dd * rr), rr, x.cols, w.rows, false);
-    }
-    return y;
+    return product(L, x, k, layer, op, true, nullptr);
   }
   /// Each replica's gradient of k += a^T g over its block (row by row into the gradient).
   void wgrad(Lane& L, LK k, int layer, const Mat& a, const Mat& g, const Op& op) {

@@ -442,20 +442,17 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     return slot;
   };
   // a W and a W^T with W a parameter (no copy of W; the arithmetic of matmul / matmul_nt).
-  auto mm = [&](const Mat& a, PKind k, int layer) {
+  auto product = [&](const Mat& a, PKind k, int layer, bool nt) {
     const PSeg& s = m.seg(k, layer);
-    if (a.cols != s.rows) throw InputError("verify: reference matmul shapes do not fit");
-    Mat c = Mat::uninitialized(a.rows, s.cols);
-    gemm(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.cols, false);
+    const int64_t inner = nt ? s.cols : s.rows, out = nt ? s.rows : s.cols;
+    if (a.cols != inner) throw InputError("verify: reference matmul shapes do not fit");
+    Mat c = Mat::uninitialized(a.rows, out);
+    if (nt) gemm_nt(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, out, false);
+    else gemm(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, out, false);
     return c;
   };
-  auto mm_nt = [&](const Mat& a, PKind k, int layer) {
-    const PSeg& s = m.seg(k, layer);
-    if (a.cols != s.cols) throw InputError("verify: reference matmul shapes do not fit");
-    Mat c = Mat::uninitialized(a.rows, s.rows);
-    gemm_nt(a.v.data(), p.data() + s.offset, c.v.data(), a.rows, a.cols, s.rows, false);
-    return c;
-  };
+  auto mm = [&](const Mat& a, PKind k, int layer) { return product(a, k, layer, false); };
+  auto mm_nt = [&](const Mat& a, PKind k, int layer) { return product(a, k, layer, true); };
 
   // ---- forward ----
   Mat x(T, m.h);

@@ -17,18 +17,7 @@
 namespace dtsim::collectives {
 namespace {
 
-ClusterSpec dgx_h100(int64_t nodes) {
-  const NodePreset& n = node_preset("dgx-h100");
-  ClusterSpec c;
-  c.gpu = gpu_preset(n.gpu);
-  c.nodes = nodes;
-  c.gpus_per_node = n.gpus_per_node;
-  c.nvlink = n.nvlink;
-  c.nvls_efficiency = n.nvls_efficiency;
-  c.nics_per_node = n.nics_per_node;
-  c.nic = n.nic;
-  return c;
-}
+ClusterSpec dgx_h100(int64_t nodes) { return cluster_of(node_preset("dgx-h100"), nodes); }
 
 void BM_CollectiveRingAllReduce16kGpus(benchmark::State& state) {
   const ClusterSpec c = dgx_h100(2048);

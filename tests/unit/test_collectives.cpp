@@ -23,15 +23,8 @@ namespace dtsim::collectives {
 namespace {
 
 ClusterSpec preset(const std::string& node, int64_t nodes, int64_t nics_per_node = 0) {
-  const NodePreset& n = node_preset(node);
-  ClusterSpec c;
-  c.gpu = gpu_preset(n.gpu);
-  c.nodes = nodes;
-  c.gpus_per_node = n.gpus_per_node;
-  c.nvlink = n.nvlink;
-  c.nvls_efficiency = n.nvls_efficiency;
-  c.nics_per_node = nics_per_node > 0 ? nics_per_node : n.nics_per_node;
-  c.nic = n.nic;
+  ClusterSpec c = cluster_of(node_preset(node), nodes);
+  if (nics_per_node > 0) c.nics_per_node = nics_per_node;
   return c;
 }
 

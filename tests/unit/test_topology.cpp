@@ -16,17 +16,7 @@
 namespace dtsim {
 namespace {
 
-ClusterSpec preset(const std::string& node, int64_t nodes) {
-  const NodePreset& n = node_preset(node);
-  ClusterSpec c;
-  c.nodes = nodes;
-  c.gpus_per_node = n.gpus_per_node;
-  c.nvlink = n.nvlink;
-  c.nvls_efficiency = n.nvls_efficiency;
-  c.nics_per_node = n.nics_per_node;
-  c.nic = n.nic;
-  return c;
-}
+ClusterSpec preset(const std::string& node, int64_t nodes) { return cluster_of(node_preset(node), nodes); }
 
 std::vector<LinkKind> kinds(const Topology& t, int64_t src, int64_t dst) {
   std::vector<LinkKind> out;

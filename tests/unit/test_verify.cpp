@@ -166,33 +166,31 @@ TEST(VerifyKernels, BlockedGemmsAddInTheNaiveOrder) {
     for (Mat* x : {&a, &b, &at, &bt, &c0})
       for (auto& v : x->v) v = r.uniform();
     for (bool acc : {false, true}) {
-      Mat c = c0, want = c0;
+      // The naive loop: each output the in-order sum over p of prod(i, j, p), started from
+      // c0 when accumulating or, with `add_after` (gemm_nt's order), summed from 0 and then
+      // added to c0.
+      auto naive = [&](bool add_after, auto prod) {
+        Mat want = c0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double s = acc && !add_after ? c0.at(i, j) : 0.0;
+            for (int64_t p = 0; p < k; ++p) s += prod(i, j, p);
+            want.at(i, j) = acc && add_after ? c0.at(i, j) + s : s;
+          }
+        return want;
+      };
+      Mat c = c0;
       gemm(a.v.data(), b.v.data(), c.v.data(), m, k, n, acc);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double s = acc ? c0.at(i, j) : 0.0;
-          for (int64_t p = 0; p < k; ++p) s += a.at(i, p) * b.at(p, j);
-          want.at(i, j) = s;
-        }
-      EXPECT_EQ(c.v, want.v) << "gemm " << m << "x" << k << "x" << n;
+      EXPECT_EQ(c.v, naive(false, [&](int64_t i, int64_t j, int64_t p) { return a.at(i, p) * b.at(p, j); }).v)
+          << "gemm " << m << "x" << k << "x" << n;
       c = c0;
       gemm_tn(at.v.data(), b.v.data(), c.v.data(), k, m, n, acc);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double s = acc ? c0.at(i, j) : 0.0;
-          for (int64_t p = 0; p < k; ++p) s += at.at(p, i) * b.at(p, j);
-          want.at(i, j) = s;
-        }
-      EXPECT_EQ(c.v, want.v) << "gemm_tn " << m << "x" << k << "x" << n;
+      EXPECT_EQ(c.v, naive(false, [&](int64_t i, int64_t j, int64_t p) { return at.at(p, i) * b.at(p, j); }).v)
+          << "gemm_tn " << m << "x" << k << "x" << n;
       c = c0;
       gemm_nt(a.v.data(), bt.v.data(), c.v.data(), m, k, n, acc);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0;
-          for (int64_t p = 0; p < k; ++p) s += a.at(i, p) * bt.at(j, p);
-          want.at(i, j) = acc ? c0.at(i, j) + s : s;
-        }
-      EXPECT_EQ(c.v, want.v) << "gemm_nt " << m << "x" << k << "x" << n;
+      EXPECT_EQ(c.v, naive(true, [&](int64_t i, int64_t j, int64_t p) { return a.at(i, p) * bt.at(j, p); }).v)
+          << "gemm_nt " << m << "x" << k << "x" << n;
     }
   }
 }

@@ -1,15 +1,13 @@
 // `dtsim verify` run as a user would: exit codes, report text, JSON, injections.
 // DTSIM_BINARY and DTSIM_SOURCE_DIR are absolute paths set by tests/CMakeLists.txt.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/wait.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "tests/unit/cli_fixture.hpp"
 
 namespace dtsim {
 namespace {
@@ -19,34 +17,12 @@ namespace fs = std::filesystem;
 // DP 32, TP 1, PP 1, tied embeddings: a layout without any open plan gap.
 const fs::path kExp = fs::path(DTSIM_SOURCE_DIR) / "experiments" / "validation" / "narayanan-gpt-1.7b.yaml";
 
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
+using cli_test::Outcome;
+std::string read(const fs::path& p) { return cli_test::read_file(p); }
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class VerifyCli : public ::testing::Test {
+class VerifyCli : public cli_test::CliTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtsim-verify-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  Outcome dtsim(const std::string& args) const {
-    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
-    const std::string cmd = std::string("'") + DTSIM_BINARY + "' " + args + " >'" + out.string() + "' 2>'" +
-                            err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(out), read(err)};
-  }
-  fs::path dir_;
+  VerifyCli() : CliTest("dtsim-verify") {}
 };
 
 TEST_F(VerifyCli, PassingLayoutExitsZeroWithEveryRule) {
