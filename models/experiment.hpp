@@ -149,8 +149,9 @@ struct Training {
   /// input-gradient reductions overlap the weight-gradient GEMMs either way, as Megatron
   /// does without userbuffers).
   bool tp_comm_overlap = false;
-  /// Reduce gradients on every micro-batch (DeepSpeed ZeRO-2/3 behaviour) instead of on
-  /// the last one only (Megatron DDP / distributed optimizer).
+  /// ZeRO-0/1: reduce gradients on every micro-batch instead of on the last one only
+  /// (Megatron DDP / distributed optimizer). ZeRO-2/3 always reduce every micro-batch,
+  /// their gradients being sharded (models/plan.hpp grad_sync_policy).
   bool reduce_every_micro_batch = false;
   /// Communication kernels running beside compute take SMs from it: while a collective
   /// overlaps compute on a rank, its kernels run at (1 - kNcclBlocks / sm_count) speed

@@ -7,8 +7,9 @@
 //          source} (optional)
 //   model: name, layers, hidden, heads, kv_heads (= heads), ffn_hidden, activation
 //          (gelu|swiglu), vocab, tied_embeddings, norm (layernorm|rmsnorm), position
-//          (learned|rope), max_position_embeddings (optional), hf_config (optional PATH,
-//          relative to the YAML file; YAML keys beside it override the JSON)
+//          (learned|rope), max_position_embeddings (optional; positive), hf_config (optional
+//          PATH, relative to the YAML file; YAML keys beside it override the JSON; every key
+//          of the JSON is read, harmless or an error: models/hf_config_keys.hpp)
 //   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
 //          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead}),
 //          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
@@ -45,9 +46,15 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
+#include "models/hf_config_keys.hpp"
+#include "models/input_files.hpp"
+#include "models/path_problem.hpp"
+#include "models/plan.hpp"
 #include "models/scalar_text.hpp"
 #include "models/units.hpp"
+#include "models/yaml_text.hpp"
 #include "topologies/collective_names.hpp"
 #include "topologies/fabrics/fabric.hpp"
 #include "topologies/gpu_presets.hpp"
@@ -147,6 +154,8 @@ class Context {
     bad_.insert(key);
     problems_.add(message);
   }
+  /// Marks `key` without a message (it depends on a key that has its own problem).
+  void mark(const std::string& key) { bad_.insert(key); }
   /// Reports `message` without marking a key (e.g. an unknown key: its value is ignored).
   void note(const std::string& message) { problems_.add(message); }
   const std::set<std::string>& bad() const { return bad_; }
@@ -297,6 +306,11 @@ struct ModelDraft {
   std::optional<Position> position;
   // Which config.json key feeds each ModelSpec field (for "missing" messages).
   std::map<std::string, std::string> json_key;
+  // config.json keys checked against the final model (models/hf_config_keys.hpp): an explicit
+  // head_dim, the linear biases (with the family's transformers default), a sliding window.
+  std::string hf_where;
+  std::optional<int64_t> hf_head_dim, hf_sliding_window;
+  std::optional<bool> hf_attention_bias, hf_mlp_bias;
 };
 
 enum class HfFamily { llama, gpt2, neox };
@@ -328,11 +342,18 @@ class HfReader {
     return std::nullopt;
   }
   bool contains(const std::string& key) const { return j_.contains(key); }
-  std::optional<Activation> activation(const std::string& key) {
+  std::optional<Activation> activation(const std::string& key, bool gated_family) {
     auto act = text(key);
     if (!act) return std::nullopt;
     // silu/swish in Llama-style configs is the gated SwiGLU MLP; every gelu variant
-    // (gelu, gelu_new, gelu_fast, gelu_pytorch_tanh) is a plain GeLU MLP.
+    // (gelu, gelu_new, gelu_fast, gelu_pytorch_tanh) is a plain GeLU MLP. GPT-2 and GPT-NeoX
+    // MLPs are never gated (GPT2MLP, GPTNeoXMLP: act(fc_in(x))), so silu there would be a
+    // plain SiLU MLP, which dtsim does not model.
+    if ((*act == "silu" || *act == "swish") && !gated_family) {
+      add(quote(key) + "=" + quote(*act) + " is a plain (non-gated) SiLU MLP in this family, which is not modelled "
+          "(dtsim models plain GeLU MLPs and gated SwiGLU MLPs)");
+      return std::nullopt;
+    }
     if (*act == "silu" || *act == "swish") return Activation::swiglu;
     if (act->rfind("gelu", 0) == 0) return Activation::gelu;
     add(quote(key) + "=" + quote(*act) + " is not supported (supported: silu, swish -> swiglu; gelu* -> gelu)");
@@ -368,15 +389,20 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
                     const std::string& base_dir, ModelDraft& d) {
   const fs::path file = fs::path(value).is_absolute() ? fs::path(value) : fs::path(base_dir) / value;
   const std::string where = key_path + "=" + quote(value);
-  std::ifstream in(file);
-  if (!in) {
-    ctx.fail("model", where + ": cannot read " + file.string() + " (no such file or not readable)");
+  if (auto why = input_path_problem(file.string())) {
+    ctx.fail("model", where + ": cannot read " + file.string() + ": " + *why);
     return false;
   }
+  std::ifstream in(file);
+  if (!in) {
+    ctx.fail("model", where + ": cannot read " + file.string() + " (not readable)");
+    return false;
+  }
+  note_input_file(file.string());
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     ctx.fail("model", where + ": " + file.string() + " is not valid JSON (" + e.what() + ")");
     return false;
   }
@@ -387,6 +413,12 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
   HfReader r(ctx, j, where);
   const auto family = detect_family(r, j);
   if (!family) return false;
+  // Keys dtsim neither reads nor knows to be harmless, and unmodelled features that are on.
+  for (const auto& msg : hf_key_problems(j, *family == HfFamily::llama  ? HfKeyFamily::llama
+                                            : *family == HfFamily::gpt2 ? HfKeyFamily::gpt2
+                                                                        : HfKeyFamily::neox))
+    r.add(msg);
+  d.hf_where = where;
 
   d.name = r.text("_name_or_path");
   if (!d.name || d.name->empty()) d.name = file.stem().string();
@@ -402,12 +434,29 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
       d.kv_heads = r.integer("num_key_value_heads");  // absent -> = heads (MHA)
       d.ffn_hidden = r.integer("intermediate_size");
       d.vocab = r.integer("vocab_size");
-      d.activation = r.activation("hidden_act");
+      d.activation = r.activation("hidden_act", true);
       d.tied = r.boolean("tie_word_embeddings");  // transformers default: false
       if (!d.tied) d.tied = false;
       d.norm = Norm::rmsnorm;
       d.position = Position::rope;
       d.max_pos = r.integer("max_position_embeddings");
+      d.hf_head_dim = r.integer("head_dim");  // LlamaConfig default: hidden_size // num_attention_heads
+      // LlamaConfig / MistralConfig defaults: attention_bias=False, mlp_bias=False.
+      d.hf_attention_bias = r.boolean("attention_bias");
+      if (!d.hf_attention_bias) d.hf_attention_bias = false;
+      d.hf_mlp_bias = r.boolean("mlp_bias");
+      if (!d.hf_mlp_bias) d.hf_mlp_bias = false;
+      {
+        // Sliding-window attention: MistralConfig's default window is 4096 when the key is
+        // absent; Qwen2Config applies sliding_window only with use_sliding_window (default
+        // False); null means full attention.
+        const bool is_mistral = j.contains("model_type") && j["model_type"] == "mistral";
+        const bool is_qwen2 = j.contains("model_type") && j["model_type"] == "qwen2";
+        const auto use = r.boolean("use_sliding_window");
+        d.hf_sliding_window = r.integer("sliding_window");
+        if (!d.hf_sliding_window && is_mistral && !r.contains("sliding_window")) d.hf_sliding_window = 4096;
+        if (use ? !*use : is_qwen2) d.hf_sliding_window.reset();
+      }
       break;
     case HfFamily::gpt2:  // transformers GPT2Config
       d.json_key = {{"layers", "n_layer"}, {"hidden", "n_embd"}, {"heads", "n_head"}, {"vocab", "vocab_size"}};
@@ -419,7 +468,7 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
       if (!d.ffn_hidden && d.hidden) d.ffn_hidden = 4 * *d.hidden;
       d.json_key["ffn_hidden"] = "n_inner (or n_embd)";
       d.vocab = r.integer("vocab_size");
-      d.activation = r.activation("activation_function");
+      d.activation = r.activation("activation_function", false);
       if (!d.activation && !r.contains("activation_function")) d.activation = Activation::gelu;
       d.tied = r.boolean("tie_word_embeddings");  // GPT-2 ties input and output embeddings
       if (!d.tied) d.tied = true;
@@ -438,8 +487,10 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
       d.kv_heads = d.heads;
       d.ffn_hidden = r.integer("intermediate_size");
       d.vocab = r.integer("vocab_size");
-      d.activation = r.activation("hidden_act");
+      d.activation = r.activation("hidden_act", false);
       if (!d.activation && !r.contains("hidden_act")) d.activation = Activation::gelu;
+      d.hf_attention_bias = r.boolean("attention_bias");  // GPTNeoXConfig default: True
+      if (!d.hf_attention_bias) d.hf_attention_bias = true;
       d.tied = r.boolean("tie_word_embeddings");  // GPTNeoXConfig default: false
       if (!d.tied) d.tied = false;
       d.norm = Norm::layernorm;
@@ -453,7 +504,13 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
 // ---------------------------------------------------------------------------------------
 // Sections.
 
-ModelSpec read_model(Reader r, const std::string& base_dir) {
+// A config.json sliding window, checked against training.seq_len once that is read.
+struct SlidingWindow {
+  std::string where;  // hf_config="..."
+  std::optional<int64_t> window;
+};
+
+ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& sliding) {
   ModelSpec m;
   if (!r.check_map()) return m;
   ModelDraft d;
@@ -473,13 +530,22 @@ ModelSpec read_model(Reader r, const std::string& base_dir) {
   if (auto v = r.integer("ffn_hidden")) d.ffn_hidden = v;
   if (auto v = r.integer("vocab")) d.vocab = v;
   if (auto v = r.integer("max_position_embeddings")) d.max_pos = v;
+  // Given (in the YAML or the config.json), the limit must be a real one: 0 is not "none".
+  if (d.max_pos && *d.max_pos <= 0)
+    r.ctx().fail(r.path("max_position_embeddings"),
+                 (r.has("max_position_embeddings") ? r.path("max_position_embeddings")
+                                                    : d.hf_where + ": its maximum position (max_position_embeddings, "
+                                                                   "n_positions or n_ctx)") +
+                     "=" + std::to_string(*d.max_pos) +
+                     " must be a positive integer (omit the key when the model has no position limit)");
   if (auto v = r.choice("activation", kActivations)) d.activation = v;
   if (auto v = r.boolean("tied_embeddings")) d.tied = v;
   if (auto v = r.choice("norm", kNorms)) d.norm = v;
   if (auto v = r.choice("position", kPositions)) d.position = v;
 
   auto missing = [&](const std::string& field, bool present) {
-    if (present) return;
+    // Present but invalid (in the YAML or the config.json) was reported already.
+    if (present || r.has(field) || r.ctx().bad().count("model")) return;
     if (from_hf) {
       auto it = d.json_key.find(field);
       const std::string jk = it == d.json_key.end() ? std::string() : it->second;
@@ -513,6 +579,30 @@ ModelSpec read_model(Reader r, const std::string& base_dir) {
   set_if(m.tied_embeddings, d.tied);
   set_if(m.norm, d.norm);
   set_if(m.position, d.position);
+
+  // config.json features checked against the final model (YAML keys may have changed it).
+  const auto& bad = r.ctx().bad();
+  const bool model_ok = !bad.count("model") && !bad.count("model.hidden") && !bad.count("model.heads") &&
+                        !bad.count("model.activation");
+  if (from_hf && model_ok && d.hf_head_dim && m.heads > 0 && m.hidden > 0 &&
+      *d.hf_head_dim * m.heads != m.hidden)
+    r.ctx().fail("model", d.hf_where + ": \"head_dim\"=" + std::to_string(*d.hf_head_dim) + " x heads " +
+                              std::to_string(m.heads) + " is not the hidden size " + std::to_string(m.hidden) +
+                              ": attention heads narrower or wider than hidden / heads are not modelled");
+  // dtsim gives every GEMM of a GeLU model a bias and none to a SwiGLU model (models/flops.cpp
+  // has_linear_biases), as GPT-2 / Megatron GPT and Llama do.
+  const bool biased = m.activation == Activation::gelu;
+  std::vector<std::string> bias_keys;
+  if (d.hf_attention_bias && *d.hf_attention_bias != biased)
+    bias_keys.push_back("\"attention_bias\"=" + std::string(*d.hf_attention_bias ? "true" : "false"));
+  if (d.hf_mlp_bias && *d.hf_mlp_bias != biased)
+    bias_keys.push_back("\"mlp_bias\"=" + std::string(*d.hf_mlp_bias ? "true" : "false"));
+  if (from_hf && model_ok && d.activation && !bias_keys.empty())
+    r.ctx().fail("model", d.hf_where + ": " + join_list(bias_keys) + " (or its transformers default) with activation " +
+                              to_string(m.activation) + " is not modelled (dtsim gives " +
+                              (biased ? "every GEMM of a GeLU model a bias" : "the GEMMs of a SwiGLU model no bias") +
+                              ", models/flops.cpp has_linear_biases)");
+  if (from_hf) sliding = {d.hf_where, d.hf_sliding_window};
   return m;
 }
 
@@ -657,10 +747,16 @@ ClusterSpec read_cluster(Reader r) {
   const NodePreset* node = nullptr;
   if (auto name = r.text("node")) {
     node = find_node_preset(*name);
-    if (!node)
-      // Everything the node would have filled is unknown: mark the whole cluster.
+    if (!node) {
+      // Everything the node would have filled is unknown: mark the whole cluster, and say
+      // nothing about the keys it would have provided (one problem, one line).
       r.ctx().fail("cluster", r.path("node") + "=" + quote(*name) + " is not a node preset (valid: " +
                                   node_preset_list() + ")");
+      return c;
+    }
+  } else if (r.has("node")) {  // not a single value: reported by text()
+    r.ctx().mark("cluster");
+    return c;
   }
   if (node) {
     c.gpus_per_node = node->gpus_per_node;
@@ -856,6 +952,95 @@ std::string fmt_double(double v) {
   return o.str();
 }
 
+// Stated limits on the counts an experiment multiplies (models/checked.hpp): each count
+// against its own limit, then their products (GPUs, plan operations) with checked
+// arithmetic, before any work starts. A key above its limit goes into `too_big`, so that
+// no later check multiplies it.
+template <class Ok>
+void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::set<std::string>& too_big) {
+  using checked::with_commas;
+  const ModelSpec& m = e.model;
+  const ClusterSpec& c = e.cluster;
+  const Layout& l = e.layout;
+  const Training& t = e.training;
+  struct Limit {
+    const char* key;
+    int64_t value, limit;
+    const char* unit;
+    const char* why;
+  };
+  const Limit counts[] = {
+      {"model.layers", m.layers, limits::kMaxLayers, "layer", limits::kMaxLayersWhy},
+      {"model.hidden", m.hidden, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.heads", m.heads, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.kv_heads", m.kv_heads, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.ffn_hidden", m.ffn_hidden, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.vocab", m.vocab, limits::kMaxTokens, "token", limits::kMaxVocabWhy},
+      {"model.max_position_embeddings", m.max_position_embeddings, limits::kMaxTokens, "token",
+       limits::kMaxSeqWhy},
+      {"training.seq_len", t.seq_len, limits::kMaxTokens, "token", limits::kMaxSeqWhy},
+      {"training.global_batch", t.global_batch, limits::kMaxBatch, "sequence", limits::kMaxBatchWhy},
+      {"training.micro_batch", t.micro_batch, limits::kMaxBatch, "sequence", limits::kMaxBatchWhy},
+      {"cluster.nodes", c.nodes, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"cluster.gpus_per_node", c.gpus_per_node, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"cluster.nics_per_node", c.nics_per_node, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"cluster.fabric.nodes_per_leaf", c.fabric_shape.nodes_per_leaf, limits::kMaxGpus, "GPU",
+       limits::kMaxGpusWhy},
+      {"cluster.fabric.leaves_per_pod", c.fabric_shape.leaves_per_pod, limits::kMaxGpus, "GPU",
+       limits::kMaxGpusWhy},
+      {"cluster.gpu.sm_count", c.gpu.sm_count, limits::kMaxWidth, "SM",
+       "a GPU has a few hundred streaming multiprocessors (H100 SXM: 132)"},
+      {"layout.dp", l.dp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"layout.tp", l.tp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"layout.cp", l.cp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"layout.pp", l.pp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"layout.vp", l.vp, limits::kMaxLayers, "layer", limits::kMaxLayersWhy},
+  };
+  for (const auto& x : counts) {
+    if (!ok({x.key}) || x.value <= x.limit) continue;
+    too_big.insert(x.key);
+    p.add(std::string(x.key) + "=" + std::to_string(x.value) + " exceeds the " + with_commas(x.limit) +
+          (*x.unit ? std::string("-") + x.unit : std::string()) + " limit (" + x.why + ")");
+  }
+  // Products of counts that are each within their limits (and positive: the positivity
+  // checks report the others).
+  auto product_limit = [&](std::initializer_list<const char*> keys, std::initializer_list<int64_t> values,
+                           const std::string& label, int64_t limit, const char* unit, const char* why) {
+    for (const char* k : keys)
+      if (!ok({k})) return false;
+    for (int64_t v : values)
+      if (v <= 0) return false;
+    const auto prod = checked::product(values);
+    if (prod && *prod <= limit) return false;
+    std::string factors;
+    for (int64_t v : values) factors += (factors.empty() ? "" : " x ") + std::to_string(v);
+    p.add(label + " = " + factors + " = " + (prod ? with_commas(*prod) : std::string("more than 2^63")) +
+          " exceeds the " + with_commas(limit) + "-" + unit + " limit (" + why + ")");
+    for (const char* k : keys) too_big.insert(k);
+    return true;
+  };
+  product_limit({"cluster.nodes", "cluster.gpus_per_node"}, {c.nodes, c.gpus_per_node},
+                "cluster.nodes x cluster.gpus_per_node", limits::kMaxGpus, "GPU", limits::kMaxGpusWhy);
+  product_limit({"layout.dp", "layout.tp", "layout.cp", "layout.pp"}, {l.dp, l.tp, l.cp, l.pp},
+                "layout.dp x tp x cp x pp", limits::kMaxGpus, "GPU", limits::kMaxGpusWhy);
+  // The step plan: its size grows with micro-batches per step x layers (models/plan.hpp
+  // plan_op_bound); refused here, before it is built.
+  if (ok({"training.global_batch", "training.micro_batch", "layout.dp", "layout.pp", "layout.vp", "model.layers"}) &&
+      t.global_batch > 0 && t.micro_batch > 0 && l.dp > 0 && l.pp > 0 && l.vp > 0 && m.layers > 0 &&
+      t.global_batch % (t.micro_batch * l.dp) == 0) {
+    const int64_t ops = plan_op_bound(e);
+    if (ops > limits::kMaxPlanOps) {
+      p.add("training.global_batch=" + std::to_string(t.global_batch) + " gives " +
+            with_commas(t.accumulation(l)) + " micro-batches per step (/ (training.micro_batch=" +
+            std::to_string(t.micro_batch) + " x layout.dp=" + std::to_string(l.dp) + ")), and with model.layers=" +
+            std::to_string(m.layers) + " the step plan would hold up to " + with_commas(ops) +
+            " operations: above the " + with_commas(limits::kMaxPlanOps) + "-operation limit (" +
+            limits::kMaxPlanOpsWhy + "); lower training.global_batch or raise training.micro_batch");
+      too_big.insert("training.global_batch");
+    }
+  }
+}
+
 // The cross-section checks. A check is skipped when one of the keys it involves is in
 // `bad` (or below a bad map), because that key already has its own problem.
 void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
@@ -864,10 +1049,13 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   const Layout& l = e.layout;
   const Training& t = e.training;
   auto s = [](auto v) { return std::to_string(v); };
+  std::set<std::string> too_big;  // keys above their stated limit: the checks that multiply them are skipped
   auto ok = [&](std::initializer_list<std::string_view> keys) {
-    for (std::string_view k : keys)
+    for (std::string_view k : keys) {
       for (const auto& b : bad)
         if (k == b || (k.size() > b.size() && k.substr(0, b.size()) == b && k[b.size()] == '.')) return false;
+      if (too_big.count(std::string(k))) return false;
+    }
     return true;
   };
 
@@ -888,8 +1076,20 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     p.add("model.max_position_embeddings=" + s(m.max_position_embeddings) + " must be >= 0");
   if (ok({"layout.zero_stage"}) && (l.zero_stage < 0 || l.zero_stage > 3))
     p.add("layout.zero_stage=" + s(l.zero_stage) + " must be 0, 1, 2 or 3");
+  // ZeRO-2 keeps only a gradient shard, so it must reduce-scatter every micro-batch's
+  // gradients (models/plan.hpp GradSyncPolicy). Megatron-Core's distributed optimizer is
+  // ZeRO-1: gradients accumulate whole in the contiguous grad buffer and are
+  // reduce-scattered once, on the last micro-batch (megatron/core/distributed/
+  // param_and_grad_buffer.py, distributed_data_parallel.py); its optim_grads sharding
+  // belongs to Megatron-FSDP, which dtsim does not model.
+  if (ok({"layout.zero_stage", "training.framework"}) && l.zero_stage == 2 && t.framework == Framework::megatron)
+    p.add("layout.zero_stage=2 is not available with training.framework=megatron: Megatron-Core's distributed "
+          "optimizer is ZeRO-1 (gradients stay whole in its grad buffer and are reduce-scattered once per step), "
+          "while ZeRO-2 shards gradients and so reduce-scatters them every micro-batch; use layout.zero_stage=1 "
+          "for Megatron, or training.framework=deepspeed for ZeRO-2");
   if (ok({"cluster.nics_per_node"}) && c.nics_per_node < 0)
     p.add("cluster.nics_per_node=" + s(c.nics_per_node) + " must be >= 0");
+  check_count_limits(e, p, ok, too_big);
 
   // Model shape.
   if (ok({"model.hidden", "model.heads"}) && m.heads > 0 && m.hidden > 0 && m.hidden % m.heads != 0)
@@ -905,7 +1105,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   // Layout against cluster and model.
   if (ok({"layout.dp", "layout.tp", "layout.cp", "layout.pp", "cluster.nodes", "cluster.gpus_per_node"}) &&
       l.dp > 0 && l.tp > 0 && l.cp > 0 && l.pp > 0 && c.nodes > 0 && c.gpus_per_node > 0 &&
-      l.dp * l.tp * l.cp * l.pp != c.gpus())
+      checked::product({l.dp, l.tp, l.cp, l.pp}) != checked::mul(c.nodes, c.gpus_per_node))
     p.add("layout.dp*tp*cp*pp=" + s(l.dp) + "*" + s(l.tp) + "*" + s(l.cp) + "*" + s(l.pp) + "=" +
           s(l.dp * l.tp * l.cp * l.pp) + " does not equal the cluster's GPUs cluster.nodes*gpus_per_node=" +
           s(c.nodes) + "*" + s(c.gpus_per_node) + "=" + s(c.gpus()));
@@ -995,6 +1195,17 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   if (ok({"cluster.nvlink.nvls_efficiency"}) && !(c.nvls_efficiency >= 0 && c.nvls_efficiency <= 1))
     p.add("cluster.nvlink.nvls_efficiency=" + fmt_double(c.nvls_efficiency) +
           " must be in [0, 1] (0: no NVLink SHARP)");
+  // NVLS runs on NVSwitch gen3 multicast (H100/H200/B200 nodes); forcing it elsewhere is not
+  // something the simulator can fall back from silently (NCCL_ALGO=NVLS fails there too).
+  if (ok({"cluster.collectives.algorithm", "cluster.nvlink.nvls_efficiency", "cluster.node"}) &&
+      c.collectives.algorithm == "nvls" && !(c.nvls_efficiency > 0))
+    p.add("cluster.collectives.algorithm=nvls needs NVLink SHARP, but this cluster has none (cluster.nvlink."
+          "nvls_efficiency=0: " + (c.gpu.name.empty() ? std::string("the GPU") : c.gpu.name) +
+          " nodes without NVSwitch multicast); choose another algorithm or auto");
+  else if (ok({"cluster.collectives.algorithm", "cluster.gpus_per_node"}) && c.collectives.algorithm == "nvls" &&
+           c.gpus_per_node < 2)
+    p.add("cluster.collectives.algorithm=nvls needs an NVLink domain of at least 2 GPUs (cluster.gpus_per_node=" +
+          s(c.gpus_per_node) + ")");
 
   auto fraction = [&](const std::string& key, double v) {
     if (ok({key}) && !(v > 0 && v <= 1)) p.add(key + "=" + fmt_double(v) + " must be in (0, 1]");
@@ -1048,17 +1259,8 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
 Experiment parse_experiment(const std::string& yaml_text, const std::string& source,
                             const std::vector<std::string>& overrides, const std::string& base_dir) {
   ProblemList problems(source);
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    problems.add("invalid YAML at line " + std::to_string(e.mark.line + 1) + ", column " +
-                 std::to_string(e.mark.column + 1) + ": " + e.msg);
-    problems.throw_if_any();
-  } catch (const YAML::Exception& e) {
-    problems.add(std::string("invalid YAML: ") + e.what());
-    problems.throw_if_any();
-  }
+  // One document; unterminated strings, deep nesting and a second document are errors.
+  YAML::Node root = load_yaml_document(yaml_text, source);
   if (!root.IsDefined() || root.IsNull()) {
     problems.add("the file is empty (expected sections model, cluster, layout, training)");
     problems.throw_if_any();
@@ -1079,7 +1281,8 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   top.check_map();
   set_if(e.title, top.text("title"));
   LayoutDraft ld;
-  if (top.has("model")) e.model = read_model(Reader(ctx, top.child("model"), "model"), base_dir);
+  SlidingWindow sliding;
+  if (top.has("model")) e.model = read_model(Reader(ctx, top.child("model"), "model"), base_dir, sliding);
   else top.require("model");
   if (top.has("cluster")) e.cluster = read_cluster(Reader(ctx, top.child("cluster"), "cluster"));
   else top.require("cluster");
@@ -1088,8 +1291,28 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   if (top.has("training")) e.training = read_training(Reader(ctx, top.child("training"), "training"));
   else top.require("training");
   e.published = read_published(Reader(ctx, top.child("published"), "published"));
+  // A sliding window at least as long as the sequence changes nothing (every query already
+  // sees every earlier token); a shorter one is sliding-window attention, not modelled.
+  if (sliding.window && !ctx.bad().count("model") && !ctx.bad().count("training") &&
+      !ctx.bad().count("training.seq_len") && e.training.seq_len > *sliding.window)
+    ctx.fail("model", sliding.where + ": \"sliding_window\"=" + std::to_string(*sliding.window) +
+                          " is shorter than training.seq_len=" + std::to_string(e.training.seq_len) +
+                          ": sliding-window attention is not modelled (a window of at least seq_len changes "
+                          "nothing; set use_sliding_window: false or sliding_window: null if the run does not use it)");
   e.layout = ld.layout;
-  if (ld.dp_auto) {
+  auto known = [&](std::initializer_list<const char*> keys) {
+    for (const char* k : keys) {
+      const std::string key(k);
+      for (const auto& b : ctx.bad())
+        if (key == b || (key.size() > b.size() && key.compare(0, b.size(), b) == 0 && key[b.size()] == '.'))
+          return false;
+    }
+    return true;
+  };
+  if (ld.dp_auto && !known({"cluster.nodes", "cluster.gpus_per_node", "layout.tp", "layout.cp", "layout.pp"})) {
+    // Those keys have their own problem already: dp cannot be resolved, and says nothing more.
+    ctx.mark("layout.dp");
+  } else if (ld.dp_auto) {
     const Layout& l = e.layout;
     const int64_t gpus = e.cluster.gpus();
     const int64_t denom = l.tp * l.cp * l.pp;
@@ -1110,11 +1333,10 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
 }
 
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw InputError(path + ": cannot read experiment file: no such file");
-  if (!fs::is_regular_file(path, ec)) throw InputError(path + ": cannot read experiment file: not a regular file");
+  if (auto why = input_path_problem(path)) throw InputError(path + ": cannot read experiment file: " + *why);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read experiment file: permission denied or unreadable");
+  note_input_file(path);  // outputs never overwrite it (reports/atomic_file.hpp)
   std::ostringstream ss;
   ss << in.rdbuf();
   fs::path dir = fs::path(path).parent_path();

@@ -1,5 +1,6 @@
 #include "models/flops.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "models/errors.hpp"
@@ -171,9 +172,20 @@ int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage) {
 }
 
 int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
-  int64_t first = 0;
-  for (int64_t s = 0; s < stage; ++s) first += stage_layer_count(m, l, s);
-  return first;
+  // The sum of stage_layer_count over the stages before `stage`, in closed form (a plan's
+  // cost stays linear in pp): each of them holds `base` layers less one for each stage in
+  // the removal order 0, p-1, 1, p-2, ... that comes before the deficit runs out. Of the
+  // front stages j (j < p-1-j, order 2j) the first min(p/2, (deficit+1)/2) lose one; of
+  // the back stages j = p-1-k (order 2k+1) those with k < min(deficit/2, (p-1)/2 + 1).
+  if (stage <= 0) return 0;
+  // Validates m and l, and throws for stage > pp as the sum over the stages before it did.
+  stage_layer_count(m, l, std::min(stage - 1, l.pp));
+  const int64_t p = l.pp;
+  const int64_t base = (m.layers + p - 1) / p;
+  const int64_t deficit = base * p - m.layers;
+  const int64_t front = std::min(p / 2, (deficit + 1) / 2);
+  const int64_t back = std::min(deficit / 2, (p - 1) / 2 + 1);
+  return stage * base - std::min(stage, front) - std::max<int64_t>(0, stage - (p - back));
 }
 
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage) {

@@ -5,6 +5,7 @@
 
 #include "models/errors.hpp"
 #include "models/flops.hpp"
+#include "models/plan.hpp"
 
 namespace dtsim {
 
@@ -76,26 +77,34 @@ BytesPerParameter bytes_per_parameter(Framework f, GradDtype main_grad) {
 double dp_grad_bytes_per_param(const Training& t) { return bytes_per_parameter(t.framework, t.main_grad).grads; }
 
 namespace {
-ModelStateBytes model_states(double params, const Layout& l, Framework f, const BytesPerParameter& bpp) {
+// What is sharded is what the plan communicates: grad_sync_policy (models/plan.hpp) is the
+// fact the plan builder emits its DP collectives from. Gradients count as sharded only
+// when every micro-batch's gradients are reduce-scattered in their own backward and the
+// other shards freed (ZeRO-2/3); otherwise the whole buffer accumulates until the step's
+// reduction (ZeRO-0/1).
+ModelStateBytes model_states(double params, const Layout& l, Framework f, const BytesPerParameter& bpp,
+                             const GradSyncPolicy& g) {
   check_layout(l);
   if (params < 0) throw InputError("model_state_bytes: negative parameter count");
   const double n = d(l.dp) * d(l.cp);  // ZeRO group: ranks holding the same weights
   ModelStateBytes out;
-  out.params_bytes = params * bpp.params / (l.zero_stage >= 3 ? n : 1.0);
-  out.grads_bytes = params * bpp.grads / (l.zero_stage >= 2 ? n : 1.0);
-  out.optimizer_bytes = params * bpp.optimizer / (l.zero_stage >= 1 ? n : 1.0);
+  out.params_bytes = params * bpp.params / (g.sharded_params ? n : 1.0);
+  out.grads_bytes = params * bpp.grads / (g.sharded_grads && g.every_micro_batch ? n : 1.0);
+  out.optimizer_bytes = params * bpp.optimizer / (g.sharded_optimizer ? n : 1.0);
   if (f == Framework::deepspeed)
-    out.step_transient_bytes = params * 4.0 / (l.zero_stage >= 1 ? n : 1.0);
+    out.step_transient_bytes = params * 4.0 / (g.sharded_optimizer ? n : 1.0);
   return out;
 }
 }  // namespace
 
 ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f) {
-  return model_states(params, l, f, bytes_per_parameter(f));
+  Training t;
+  t.framework = f;
+  return model_states(params, l, f, bytes_per_parameter(f), grad_sync_policy(l, t));
 }
 
 ModelStateBytes model_state_bytes(double params, const Layout& l, const Training& t) {
-  return model_states(params, l, t.framework, bytes_per_parameter(t.framework, t.main_grad));
+  return model_states(params, l, t.framework, bytes_per_parameter(t.framework, t.main_grad), grad_sync_policy(l, t));
 }
 
 double korthikanti_table2_layer_bytes(int64_t s_, int64_t b_, int64_t h_, int64_t a_, int64_t t_,
@@ -260,7 +269,8 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
   out.step_transient_bytes = ms.step_transient_bytes;
   const int64_t layers = stage_layer_count(e.model, l, stage);
   const double layer = layer_parameters_per_tp_rank(e.model, l.tp);
-  if (l.zero_stage >= 3 && l.dp * l.cp > 1) {
+  const GradSyncPolicy g = grad_sync_policy(l, tr);
+  if (g.sharded_params && g.reduced) {
     // Layers gathered one at a time, the next one prefetched: two layers. The stage's
     // non-layer parameters (embedding, final norm, LM head) stay gathered through the step
     // (models/plan.cpp finish_step, as FSDP's root unit).

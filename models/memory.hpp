@@ -40,7 +40,13 @@
 // ZeRO sharding over the gradient-reduction group, N = dp * cp ranks (ZeRO Sec 5, Table 1;
 // Megatron shards its distributed optimizer over DP x CP): stage 1 shards the optimizer
 // state, stage 2 also the gradients, stage 3 also the parameters. Megatron's distributed
-// optimizer is zero_stage 1 (6 + 12/N B/param).
+// optimizer is zero_stage 1 (6 + 12/N B/param). Which states count as sharded is read from
+// grad_sync_policy (models/plan.hpp), the fact the plan builder emits its DP collectives
+// from: gradients are sharded only where every micro-batch's gradients are reduce-scattered
+// in their own backward and the other shards freed (ZeRO-2 and ZeRO-3), so the memory a
+// layout is granted is the memory of the communication it is timed with. ZeRO-2 then holds
+// the 1/N gradient shard plus the buckets being reduced (DeepSpeed's ipg buckets below);
+// Megatron has no ZeRO-2 in its distributed optimizer and validation refuses it.
 #include <cstdint>
 #include <vector>
 

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <set>
 
+#include "models/checked.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
@@ -54,6 +57,20 @@ const char* to_string(Phase p) {
     case Phase::optimizer: return "optimizer";
   }
   return "?";
+}
+
+GradSyncPolicy grad_sync_policy(const Layout& l, const Training& t) {
+  GradSyncPolicy g;
+  g.group = l.dp * l.cp;
+  g.reduced = g.group > 1;
+  g.collective = l.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
+  g.sharded_optimizer = l.zero_stage >= 1;
+  g.sharded_grads = l.zero_stage >= 2;
+  g.sharded_params = l.zero_stage >= 3;
+  g.per_layer = l.zero_stage >= 3;
+  // Sharded gradients are reduced in the backward of every micro-batch (see plan.hpp).
+  g.every_micro_batch = g.sharded_grads || t.reduce_every_micro_batch;
+  return g;
 }
 
 RingCost ring_cost(Collective c, int64_t n, double size_bytes) {
@@ -118,6 +135,7 @@ class Builder {
     norm_tokens_ = b_ * s_ / (sp_on_ ? t_ : 1.0);
     fwd_ = layer_forward_flops(m_, e.training.micro_batch, shape.tokens_local, e.training.seq_len);
     dpcp_ = l_.dp * l_.cp;
+    g_ = grad_sync_policy(e);
     layer_params_rank_ = layer_parameters_per_tp_rank(m_, l_.tp);
     const bool flash = e.training.flash_attention;
     attn_fwd_work_ = flash ? kFlashCausalWork : 1.0;
@@ -481,14 +499,16 @@ class Builder {
   }
 
   // ---- data-parallel gradient sync and ZeRO ----
-  bool dp_active() const { return dpcp_ > 1; }
-  Collective grad_collective() const {
-    return l_.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
+  // What runs when comes from grad_sync_policy (plan.hpp), which memory.cpp reads too.
+  bool dp_active() const { return g_.reduced; }
+  Collective grad_collective() const { return g_.collective; }
+  const char* grad_op_name() const {
+    return g_.collective == Collective::AllReduce ? "dp_grad_allreduce" : "dp_grad_reducescatter";
   }
   /// Called after the weight gradients of `params` elements are complete.
   void grads_ready(double params, int layer, int mb, bool sync) {
     if (!dp_active() || params <= 0) return;
-    if (l_.zero_stage == 3) {
+    if (g_.per_layer) {
       // ZeRO-3: gradients are sharded, so each micro-batch reduce-scatters its layer's
       // grads to their owners (DeepSpeed stage 3 / FSDP).
       dp_handles_.push_back(issue("dp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP,
@@ -506,8 +526,8 @@ class Builder {
   void flush_bucket(int layer, int mb) {
     if (pending_params_ <= 0 || !dp_active()) return;
     const double size = pending_params_ * shape_.grad_bytes_per_param;
-    dp_handles_.push_back(issue(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward,
-                                layer, mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size));
+    dp_handles_.push_back(
+        issue(grad_op_name(), Phase::backward, layer, mb, CommKind::DP, grad_collective(), GroupKind::DPxCP, size));
     pending_params_ = 0;
   }
   /// Tied word embedding with pp > 1 and sharded gradients (ZeRO >= 1): the first stage's
@@ -519,7 +539,7 @@ class Builder {
   /// the first and last pipeline stage partition optimizer state for the shared embedding
   /// parameters the same way across DP replicas"). Found missing by dtsim verify.
   bool word_embedding_own_bucket() const {
-    return m_.tied_embeddings && l_.pp > 1 && l_.zero_stage >= 1 && dp_active() &&
+    return m_.tied_embeddings && l_.pp > 1 && g_.collective == Collective::ReduceScatter && dp_active() &&
            (sp_.stage == 0 || sp_.stage == l_.pp - 1);
   }
   /// The non-layer gradients of `params` elements are complete: the first stage's
@@ -535,7 +555,7 @@ class Builder {
     const double word = static_cast<double>(m_.vocab * m_.hidden) / t_;
     if (first) grads_ready(params - word, -1, mb, sync);
     const double size = word * shape_.grad_bytes_per_param;
-    if (l_.zero_stage != 3) {
+    if (!g_.per_layer) {
       if (!sync) return;
       if (!e_.training.overlap_grad_reduce) {
         pending_word_ = size;  // sent after the others at the end of the step (flush_pending)
@@ -551,7 +571,7 @@ class Builder {
   }
   /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle.
   int zero3_gather(int layer, int mb, Phase ph) {
-    if (l_.zero_stage != 3 || !dp_active()) return -1;
+    if (!g_.sharded_params || !dp_active()) return -1;
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
                  layer_params_rank_ * kAct);
   }
@@ -583,10 +603,9 @@ class Builder {
   int prev_rank() const { return static_cast<int>((sp_.stage + l_.pp - 1) % l_.pp); }
   int next_rank() const { return static_cast<int>((sp_.stage + 1) % l_.pp); }
   /// Gradients are reduced on the last micro-batch (Megatron DDP and distributed
-  /// optimizer) or on every micro-batch (DeepSpeed ZeRO-2/3; reduce_every_micro_batch).
-  bool reduce_now(int mb) const {
-    return e_.training.reduce_every_micro_batch || mb == shape_.micro_batches - 1;
-  }
+  /// optimizer) or on every micro-batch (ZeRO-2/3; reduce_every_micro_batch):
+  /// GradSyncPolicy::every_micro_batch.
+  bool reduce_now(int mb) const { return g_.every_micro_batch || mb == shape_.micro_batches - 1; }
 
   void chunk_forward(int c, int mb) {
     const Chunk ch = chunk(c);
@@ -629,10 +648,14 @@ class Builder {
       embedding_backward(mb);
       edge_grads_ready(embedding_params_rank(), mb, sync, /*first=*/true);
     }
-    // Reducing every micro-batch (DeepSpeed): this micro-batch's gradients leave now, in
-    // whatever bucket is still open, so buckets never mix micro-batches.
-    if (sync && e_.training.reduce_every_micro_batch && l_.zero_stage != 3 && mb != shape_.micro_batches - 1)
-      flush_pending(-1, mb);
+    // Reducing every micro-batch (ZeRO-2, DeepSpeed): this micro-batch's gradients leave
+    // now, in whatever bucket is still open, so buckets never mix micro-batches. Only the
+    // step's last backward leaves its bucket to finish_step; with interleaving that is
+    // chunk 0 of the last micro-batch, and the last micro-batch's other chunks, which run
+    // between other micro-batches' chunks, are flushed at their own end.
+    const int64_t backwards = shape_.micro_batches * (l_.schedule == Schedule::interleaved ? l_.vp : 1);
+    const bool last_backward = ++backwards_ == backwards;
+    if (sync && g_.every_micro_batch && !g_.per_layer && !last_backward) flush_pending(-1, mb);
     if (!ch.first) p2p(OpType::send, Direction::backward, mb, c, prev_rank());
   }
 
@@ -643,8 +666,8 @@ class Builder {
       if (e_.training.overlap_grad_reduce) {
         flush_bucket(layer, mb);
       } else {
-        collective(l_.zero_stage == 0 ? "dp_grad_allreduce" : "dp_grad_reducescatter", Phase::backward, layer, mb,
-                   CommKind::DP, grad_collective(), GroupKind::DPxCP, pending_params_ * shape_.grad_bytes_per_param);
+        collective(grad_op_name(), Phase::backward, layer, mb, CommKind::DP, grad_collective(), GroupKind::DPxCP,
+                   pending_params_ * shape_.grad_bytes_per_param);
         pending_params_ = 0;
       }
     }
@@ -662,14 +685,14 @@ class Builder {
   /// its bucket before its first forward (Megatron --overlap-param-gather), which is the
   /// steady state of "overlapped with the next forward".
   int first_use_gather(int layer, int mb, Phase ph) {
-    if (l_.zero_stage == 3) return zero3_gather(layer, mb, ph);
+    if (g_.sharded_params) return zero3_gather(layer, mb, ph);
     if (!param_gather_overlapped() || gathered_.count(layer)) return -1;
     gathered_.insert(layer);
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
                  layer_params_rank_ * kAct);
   }
   bool param_gather_overlapped() const {
-    return dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && e_.training.overlap_param_gather;
+    return dp_active() && g_.sharded_optimizer && !g_.sharded_params && e_.training.overlap_param_gather;
   }
 
   /// Parameters of the last stage's head on one rank: the final norm (replicated over
@@ -742,13 +765,16 @@ class Builder {
     cur_chunk_ = 0;
     const int last_layer = -1;
     const int mb = static_cast<int>(shape_.micro_batches - 1);
-    if (dp_active() && l_.zero_stage != 3) flush_pending(last_layer, mb);
+    if (dp_active() && !g_.per_layer) flush_pending(last_layer, mb);
     for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
     // Tied word embedding with pp > 1: the first and last stages each hold a copy and
     // SUM their gradients before the optimizer (Megatron-LM
     // _allreduce_word_embedding_grads, over the embedding group), fp32 main grads.
+    // Counted as PP communication (models/result.hpp CommStats): the embedding group is the
+    // first and last rank of a pipeline group, and the AllReduce exists because PP splits
+    // the tied weight (reports/explain.cpp lists it under PP too).
     if (m_.tied_embeddings && l_.pp > 1 && (sp_.stage == 0 || sp_.stage == l_.pp - 1))
-      collective("embedding_grad_allreduce", Phase::optimizer, -1, mb, CommKind::DP, Collective::AllReduce,
+      collective("embedding_grad_allreduce", Phase::optimizer, -1, mb, CommKind::PP, Collective::AllReduce,
                  GroupKind::EMB, static_cast<double>(m_.vocab * m_.hidden) / t_ * shape_.grad_bytes_per_param);
     if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "embedding_grad_allreduce")
       sp_.ops.back().reduce = ReduceOp::sum;  // two copies' partial gradients of one weight
@@ -764,7 +790,7 @@ class Builder {
                  replicated * shape_.grad_bytes_per_param);
     }
     // Optimizer: HBM-bound fused Adam over the parameters this rank owns.
-    const double owned = sp_.params_per_rank / (l_.zero_stage >= 1 ? static_cast<double>(dpcp_) : 1.0);
+    const double owned = sp_.params_per_rank / (g_.sharded_optimizer ? static_cast<double>(dpcp_) : 1.0);
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
     // With per-layer gathers (ZeRO-1/2 with overlap_param_gather, and ZeRO-3), the stage's
@@ -775,10 +801,10 @@ class Builder {
     // False, its parameters being needed again in backward). Both found missing by dtsim
     // verify; models/memory.cpp counts them gathered.
     const double non_layer = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
-    if ((param_gather_overlapped() || (l_.zero_stage == 3 && dp_active())) && non_layer > 0)
+    if ((param_gather_overlapped() || (g_.sharded_params && dp_active())) && non_layer > 0)
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, non_layer * kAct);
-    if (dp_active() && (l_.zero_stage == 1 || l_.zero_stage == 2) && !param_gather_overlapped())
+    if (dp_active() && g_.sharded_optimizer && !g_.sharded_params && !param_gather_overlapped())
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, sp_.params_per_rank * kAct);
   }
@@ -789,6 +815,7 @@ class Builder {
   const Layout& l_;
   StagePlan& sp_;
   const PlanShape& shape_;
+  GradSyncPolicy g_;
   double b_ = 0, s_ = 0, t_ = 1, h_ = 0, f_ = 0, kvd_ = 0, V_ = 0;
   bool sp_on_ = false;
   double norm_tokens_ = 0;
@@ -801,6 +828,7 @@ class Builder {
   std::vector<int> dp_handles_;
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
   int cur_chunk_ = 0;       // model chunk being emitted
+  int64_t backwards_ = 0;   // chunk backwards emitted so far
 };
 
 }  // namespace
@@ -833,6 +861,24 @@ StepPlan build_step_plan(const Experiment& exp) {
     plan.stages.push_back(std::move(sp));
   }
   return plan;
+}
+
+int64_t plan_op_bound(const Experiment& exp) {
+  const Layout& l = exp.layout;
+  const Training& t = exp.training;
+  const int64_t layers = std::max<int64_t>(exp.model.layers, 0), pp = std::max<int64_t>(l.pp, 1),
+                vp = std::max<int64_t>(l.vp, 1);
+  const auto per_batch = checked::mul(t.micro_batch, std::max<int64_t>(l.dp, 1));
+  const int64_t m = per_batch && *per_batch > 0 ? std::max<int64_t>(t.global_batch / *per_batch, 1) : 1;
+  const auto per_mb = [&]() -> std::optional<int64_t> {
+    const auto a = checked::mul(layers, kPlanOpsPerLayer), b = checked::product({pp, vp, kPlanOpsPerChunk});
+    return a && b ? checked::add(*a, *b) : std::nullopt;
+  }();
+  const auto steps = per_mb ? checked::mul(m, *per_mb) : std::nullopt;
+  const auto stage = checked::mul(pp, kPlanOpsPerStage), layer = checked::mul(layers, kPlanOpsPerLayer);
+  const auto total = steps && stage ? checked::add(*steps, *stage) : std::nullopt;
+  const auto all = total && layer ? checked::add(*total, *layer) : std::nullopt;
+  return all ? *all : std::numeric_limits<int64_t>::max();
 }
 
 double plan_executed_flops(const StepPlan& plan) {

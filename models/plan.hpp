@@ -16,9 +16,11 @@
 //  - PP: activations forward, activation grads backward, P2P between neighbouring
 //    stages, 1F1B schedule (Narayanan 2021 Sec 2.2.1).
 //  - DP: gradients reduced over the DP x CP group (ranks holding the same weights)
-//    once per step (ZeRO-0: AllReduce; ZeRO-1/2: ReduceScatter then parameter
-//    AllGather after the optimizer; ZeRO-3: parameter AllGather per layer in forward and
-//    backward, gradient ReduceScatter per layer and micro-batch).
+//    once per step (ZeRO-0: AllReduce; ZeRO-1: ReduceScatter then parameter AllGather
+//    after the optimizer), or in every micro-batch's backward (ZeRO-2: ReduceScatter of
+//    each bucket, then the parameter AllGather; ZeRO-0/1 with reduce_every_micro_batch);
+//    ZeRO-3: parameter AllGather per layer in forward and backward, gradient
+//    ReduceScatter per layer and micro-batch. GradSyncPolicy below is that rule.
 //  - Adam runs after gradient sync.
 #include <cstdint>
 #include <string>
@@ -138,6 +140,45 @@ struct StagePlan {
   double optimizer_params = 0;     // elements the rank's optimizer updates
 };
 
+/// When a step's data-parallel gradient sync runs and what each rank keeps: the one fact
+/// that the plan builder emits its DP gradient collectives from, that the memory model
+/// (models/memory.cpp) sizes the gradient and optimizer states from, and that the analytic
+/// engine and the verifier execute. It follows from the layout and training alone, so the
+/// memory-only path of a sweep reads it without building a plan.
+///  - collective: AllReduce with ZeRO-0, else a ReduceScatter to each shard's owner.
+///  - every_micro_batch: each micro-batch's gradients are reduced in its own backward.
+///    Always with ZeRO-2 and ZeRO-3, whose sharded gradients have nowhere to accumulate
+///    otherwise: DeepSpeed's engine "communicates during non gradient accumulation
+///    boundaries as well" when partition_gradients (deepspeed/runtime/engine.py
+///    allreduce_gradients), and its ZeRO optimizer reduces each filled bucket in every
+///    backward (deepspeed/runtime/zero/stage_1_and_2.py reduce_ready_partitions_and_remove_grads:
+///    `if self.partition_gradients or self.is_gradient_accumulation_boundary()`); FSDP's
+///    SHARD_GRAD_OP / FULL_SHARD and Megatron-FSDP's optim_grads likewise. ZeRO-0/1: only
+///    with training.reduce_every_micro_batch, else on the last micro-batch (Megatron DDP and
+///    distributed optimizer, DeepSpeed "Communicate only at gradient accumulation
+///    boundaries", same function).
+///  - sharded_grads: between micro-batches a rank keeps only the 1/N gradient shard it owns
+///    (ZeRO-2: reduce_ipg_grads clears the gradients of the other partitions and copies its
+///    own into the partition, copy_grads_in_partition; ZeRO-3 alike). Requires
+///    every_micro_batch and a ReduceScatter. ZeRO-0/1 keep the whole gradient buffer.
+///  - sharded_optimizer (ZeRO >= 1): a rank updates only its shard, so the updated
+///    parameters are gathered after the optimizer (or per layer ahead of use).
+///  - sharded_params (ZeRO-3): parameters gathered per layer in forward and backward, and
+///    gradients reduce-scattered per layer (per_layer).
+/// With dp * cp == 1 there is no sync (`reduced` false) and N = 1 shards nothing.
+struct GradSyncPolicy {
+  bool reduced = false;     // dp * cp > 1
+  int64_t group = 1;        // N = dp * cp: ranks holding the same weights
+  Collective collective = Collective::AllReduce;
+  bool every_micro_batch = false;
+  bool per_layer = false;
+  bool sharded_grads = false;
+  bool sharded_optimizer = false;
+  bool sharded_params = false;
+};
+GradSyncPolicy grad_sync_policy(const Layout& l, const Training& t);
+inline GradSyncPolicy grad_sync_policy(const Experiment& e) { return grad_sync_policy(e.layout, e.training); }
+
 /// Sizes that the plan builder derives once from an experiment.
 struct PlanShape {
   int64_t micro_batches = 0;   // gradient accumulation steps (per DP rank)
@@ -170,5 +211,23 @@ RingCost ring_cost(Collective c, int64_t n, double size_bytes);
 /// Total FLOPs the plan executes on all ranks of one step (sum over stages of rank FLOPs
 /// times ranks per stage). Used to cross-check the plan against models/flops.hpp.
 double plan_executed_flops(const StepPlan& plan);
+
+/// An upper bound of the operations build_step_plan emits over all stages, computed
+/// without building the plan (experiment validation refuses a plan above
+/// models/checked.hpp limits::kMaxPlanOps before any work): micro-batches per step x
+/// (layers x kPlanOpsPerLayer + pp x vp x kPlanOpsPerChunk) + pp x kPlanOpsPerStage +
+/// layers x kPlanOpsPerLayer. Checked arithmetic: INT64_MAX when it does not fit.
+/// tests/unit/test_plan.cpp checks it against the built plans of every shipped experiment.
+int64_t plan_op_bound(const Experiment& exp);
+/// Ops per layer and micro-batch: forward, recomputed forward and backward of one block,
+/// with TP / CP / ZeRO-3 collectives, their waits and the DP bucket collectives (the
+/// builder emits at most about 70; see layer_forward / layer_backward).
+inline constexpr int64_t kPlanOpsPerLayer = 96;
+/// Ops per model chunk and micro-batch outside the layers: embedding, head and loss,
+/// pipeline sends and receives with their gathers.
+inline constexpr int64_t kPlanOpsPerChunk = 48;
+/// Ops per stage and step: flushes, waits, embedding / SP gradient reductions, optimizer,
+/// parameter gathers.
+inline constexpr int64_t kPlanOpsPerStage = 64;
 
 }  // namespace dtsim

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "models/errors.hpp"
+#include "models/input_files.hpp"
 
 namespace dtsim {
 
@@ -174,6 +175,12 @@ PlanSpec parse_plan_spec(const std::string& yaml_text, const std::string& source
       std::sort(pc.sizes.begin(), pc.sizes.end(), [](const ClusterCase& a, const ClusterCase& b) {
         return a.base.cluster.gpus() < b.base.cluster.gpus();
       });
+      // A repeated size counts once (as repeated values in a sweep dimension).
+      pc.sizes.erase(std::unique(pc.sizes.begin(), pc.sizes.end(),
+                                 [](const ClusterCase& a, const ClusterCase& b) {
+                                   return a.base.cluster.gpus() == b.base.cluster.gpus();
+                                 }),
+                     pc.sizes.end());
       for (const auto& cc : pc.sizes) sw.clusters.push_back(cc);
       ps.candidates.push_back(std::move(pc));
     }
@@ -190,6 +197,7 @@ PlanSpec load_plan_spec(const std::string& path) {
     throw InputError(path + ": cannot read plan file: " +
                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(path, std::ios::binary);
+  note_input_file(path);
   std::ostringstream ss;
   ss << in.rdbuf();
   std::filesystem::path dir = std::filesystem::path(path).parent_path();

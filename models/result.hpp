@@ -9,11 +9,34 @@
 namespace dtsim {
 
 /// Time one kind of communication (TP, CP, PP, DP) took, per rank, averaged over ranks.
+///
+/// Accounting (both engines; tests/unit/test_accounting_invariants.cpp checks it on every
+/// shipped experiment):
+///  - total_s: the sum, over the kind's operations the rank takes part in, of each one's
+///    time in flight. A collective: from the moment the rank's stream starts it (waiting for
+///    the other members included) to its end. A P2P transfer counts at both ends, sender
+///    and receiver, as a collective counts on every member: from the sender posting it to
+///    the bytes being usable at the receiver (flow end + P2P latency alpha).
+///  - exposed_s: the time the rank's compute stream is blocked on the kind's operations
+///    while they are in flight: a blocking collective, the wait on an issued one, a
+///    blocking send's wait, a receive's wait after the sender posted. Waiting on a receive
+///    before its sender posted is pipeline bubble (StageResult::bubble_s), not
+///    communication. Every exposed interval lies inside one operation's window, so
+///    exposed_s <= total_s.
+///  - Per stage: compute_s + slowdown_s + sum of exposed_s over kinds + bubble_s = step time
+///    (the compute stream's whole step, the critical path table of the summary).
+/// The tied word embedding's gradient AllReduce between the first and the last pipeline
+/// stage (Megatron-Core finalize_model_grads.py _allreduce_word_embedding_grads, over the
+/// embedding group of the first and last pipeline rank) is PP: it exists because pipeline
+/// parallelism splits the tied weight (models/plan.cpp finish_step).
 struct CommStats {
-  double total_s = 0;    // wall time the kind's operations were in flight on a rank
-  double exposed_s = 0;  // part of it during which the rank's compute stream waited
+  double total_s = 0;    // see above
+  double exposed_s = 0;  // see above
   double bytes = 0;      // bytes the rank sent for this kind in one step
-  int64_t operations = 0;  // collectives / transfers of this kind per rank per step
+  /// Collectives and P2P transfers (sends and receives) of this kind per rank per step.
+  /// Integral per stage; the step-level figure is the mean over stages like the others,
+  /// so it can be fractional (the embedding AllReduce on 2 of 8 stages: 0.25).
+  double operations = 0;
 };
 
 /// Per-rank memory in bytes, broken down as Korthikanti 2022 / ZeRO do.

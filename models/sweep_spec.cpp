@@ -12,8 +12,11 @@
 #include <set>
 #include <sstream>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
+#include "models/input_files.hpp"
 #include "models/scalar_text.hpp"
+#include "models/yaml_text.hpp"
 #include "models/experiment_io.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -83,7 +86,10 @@ void Problems::throw_if_any() const {
 
 YAML::Node load_yaml(const std::string& text, Problems& p) {
   try {
-    return YAML::Load(text);
+    // One document; a second one, unterminated strings and deep nesting say so.
+    return load_yaml_document(text, "");
+  } catch (const InputError& e) {
+    for (const auto& msg : e.problems()) p.add(msg);
   } catch (const YAML::ParserException& e) {
     p.add("invalid YAML at line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) +
           ": " + e.msg);
@@ -181,12 +187,16 @@ IntChoice parse_int_choice(const YAML::Node& n, const std::string& path, Problem
       p.add(path + ".from must be >= 1 for a geometric range");
       return c;
     }
-    for (int64_t v = *a; v <= *b; v = factor ? v * fv : v + *s) {
+    for (int64_t v = *a; v <= *b;) {
       c.values.push_back(v);
       if (c.values.size() > 100000) {
         p.add(path + " range has more than 100000 values");
         break;
       }
+      // Checked: a step past INT64_MAX ends the range instead of wrapping.
+      const auto next = factor ? checked::mul(v, fv) : checked::add(v, *s);
+      if (!next) break;
+      v = *next;
     }
   } else {
     p.add(path + " must be a value, a list, auto or a range {from, to, step|factor}");
@@ -465,7 +475,10 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
         std::vector<YAML::Node> vals;
         if (kv.second.IsSequence()) {
           if (kv.second.size() == 0) p.add("vary." + k + " is an empty list");
-          for (const auto& x : kv.second) vals.push_back(x);
+          // A repeated value counts once (as in space: lists), else each cluster ran twice.
+          std::set<std::string> seen;
+          for (const auto& x : kv.second)
+            if (!x.IsScalar() || seen.insert(value_text(x)).second) vals.push_back(x);
         } else {
           vals.push_back(kv.second);
         }
@@ -477,6 +490,23 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
 
   // clusters
   const YAML::Node clusters = root["clusters"];
+  // Each cluster case (clusters x every combination of vary values) composes and validates
+  // a whole experiment: count them, checked, before making any.
+  if (clusters && clusters.IsSequence()) {
+    std::optional<int64_t> cases = static_cast<int64_t>(clusters.size());
+    std::string factors = std::to_string(clusters.size()) + " clusters";
+    for (const auto& [key, vals] : vary) {
+      cases = cases ? checked::mul(*cases, std::max<int64_t>(1, static_cast<int64_t>(vals.size()))) : cases;
+      factors += " x " + std::to_string(vals.size()) + " vary." + key;
+    }
+    if (!cases || *cases > limits::kMaxSweepClusters) {
+      p.add("clusters with vary give " + factors + " = " +
+            (cases ? checked::with_commas(*cases) : std::string("more than 2^63")) + " cluster cases: more than the " +
+            checked::with_commas(limits::kMaxSweepClusters) +
+            "-case limit (each case composes and validates a whole experiment)");
+      p.throw_if_any();
+    }
+  }
   if (clusters && (!clusters.IsSequence() || clusters.size() == 0))
     p.add("clusters must be a list of one or more cluster sections");
   if (clusters && clusters.IsSequence()) {
@@ -558,6 +588,7 @@ SweepSpec load_sweep_spec(const std::string& path, SpecKind kind) {
     throw InputError(path + ": cannot read " + (kind == SpecKind::sweep ? "sweep" : "compare") + " file: " +
                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(path, std::ios::binary);
+  note_input_file(path);
   std::ostringstream ss;
   ss << in.rdbuf();
   std::filesystem::path dir = std::filesystem::path(path).parent_path();

@@ -11,7 +11,8 @@
 //             rank or report by cost)
 //   vary:     optional map of cluster keys (dotted, as under cluster:, e.g. nodes,
 //             nic.bandwidth, gpu, node) to lists of values; every combination is applied to
-//             every cluster (a cluster parameter sweep)
+//             every cluster (a cluster parameter sweep); a value repeated in a list (the
+//             same text) counts once, as repeated values in space: lists do
 //   space:    (sweep; compare when layout is absent) the layout space, each key a value, a
 //             list, `auto` or a range {from, to, step} (arithmetic) / {from, to, factor}
 //             (geometric):

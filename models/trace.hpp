@@ -9,9 +9,12 @@
 
 namespace dtsim {
 
-/// Streams of a rank, one timeline row each.
-/// PP sends and receives get a row each: a receive's transfer may overlap the rank's own
-/// send (links are full duplex).
+/// Streams of a rank, one timeline row each. On a row, complete slices never overlap
+/// partly: each lies inside another or after it (Chrome trace-event "X" events must nest).
+/// P2P transfers overlap one another (a receive's bytes arrive while the rank sends, or
+/// while it computes), so they are async slices (TraceEvent::async_id), sends on `pp`,
+/// receives on `pp_recv`; `pp`'s complete slices are PP collectives (the tied-embedding
+/// gradient AllReduce).
 enum class TraceStream { compute = 0, tp = 1, cp = 2, pp = 3, dp = 4, pp_recv = 5 };
 const char* to_string(TraceStream);
 
@@ -26,6 +29,10 @@ struct TraceEvent {
   double bytes = 0;           // compute: HBM bytes; communication: buffer size (nccl-tests size)
   std::string group;          // communication: the group's ranks, e.g. "[0, 1, 2, 3]"
   int32_t layer = -1, micro_batch = -1, chunk = 0;
+  /// 0: a complete slice ("X") on its (rank, stream) row. Otherwise an async slice (a
+  /// "b"/"e" pair with this id, unique in the trace): a P2P transfer, from the moment the
+  /// sender posts it to the bytes being usable at the receiver (flow end + P2P latency).
+  int64_t async_id = 0;
 };
 
 struct Trace {

@@ -14,6 +14,7 @@
 #include "models/memory.hpp"
 #include "models/rank_grid.hpp"
 #include "reports/summary.hpp"
+#include "reports/terminal_text.hpp"
 
 namespace dtsim {
 
@@ -275,10 +276,11 @@ std::string convention_text(const Training& t) {
   return "";
 }
 
-std::string shard_text(int zero_stage, int min_stage, int64_t n) {
+// `sharded`: what grad_sync_policy (models/plan.hpp) says, the fact memory and plan share.
+std::string shard_text(bool sharded, int zero_stage, int64_t n, const std::string& note = "") {
   if (n <= 1) return "one replica (DP x CP = 1)";
-  return zero_stage >= min_stage ? fmt::format("/ N, N = DP x CP = {} (ZeRO-{})", n, zero_stage)
-                                 : fmt::format("replicated over DP x CP (ZeRO-{})", zero_stage);
+  return sharded ? fmt::format("/ N, N = DP x CP = {} (ZeRO-{}{})", n, zero_stage, note)
+                 : fmt::format("replicated over DP x CP (ZeRO-{})", zero_stage);
 }
 
 }  // namespace
@@ -367,8 +369,8 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
   const std::vector<ExplainCommRow> rows = explain_comm_rows(plan);
   std::ostringstream os;
 
-  os << fmt::format("dtsim explain: {}\n", exp.title.empty() ? m.name : exp.title);
-  if (!exp.source.empty()) os << fmt::format("  file      {}\n", exp.source);
+  os << fmt::format("dtsim explain: {}\n", printable(exp.title.empty() ? m.name : exp.title));
+  if (!exp.source.empty()) os << fmt::format("  file      {}\n", printable(exp.source));
   os << fmt::format("  world     {} GPUs = DP {} x TP {} x CP {} x PP {}{}; rank = tp + TP*(cp + CP*(dp + DP*pp)), "
                     "GPU r on node r / {}\n",
                     grid.world(), l.dp, l.tp, l.cp, l.pp,
@@ -662,6 +664,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
       if (any || always) row(name, vals, formula);
     };
     const BytesPerParameter bpp = bytes_per_parameter(tr.framework, tr.main_grad);
+    const GradSyncPolicy gs = grad_sync_policy(l, tr);
     {
       std::vector<std::string> vals;
       for (double p : params) vals.push_back(count_text(p));
@@ -671,7 +674,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
     }
     auto mb_of = [&](size_t i) { return mem[static_cast<size_t>(cols[i])]; };
     bytes_row("params", [&](size_t i) { return mb_of(i).params_bytes; },
-              fmt::format("{:g} B x P (16-bit weights), {}", bpp.params, shard_text(l.zero_stage, 3, n_dpcp)), true);
+              fmt::format("{:g} B x P (16-bit weights), {}", bpp.params, shard_text(gs.sharded_params, l.zero_stage, n_dpcp)), true);
     {
       std::string g;
       if (tr.framework == Framework::megatron)
@@ -679,10 +682,13 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                         bpp.grads, to_string(tr.main_grad));
       else
         g = fmt::format("{:g} B x P ({} gradients)", bpp.grads, to_string(tr.main_grad));
-      bytes_row("grads", [&](size_t i) { return mb_of(i).grads_bytes; }, g + ", " + shard_text(l.zero_stage, 2, n_dpcp), true);
+      const std::string note =
+          gs.sharded_grads && !gs.per_layer ? ": each micro-batch's gradients reduce-scattered in its backward" : "";
+      bytes_row("grads", [&](size_t i) { return mb_of(i).grads_bytes; },
+                g + ", " + shard_text(gs.sharded_grads, l.zero_stage, n_dpcp, note), true);
     }
     bytes_row("optimizer", [&](size_t i) { return mb_of(i).optimizer_bytes; },
-              fmt::format("{:g} B x P (fp32 master + Adam m + v), {}", bpp.optimizer, shard_text(l.zero_stage, 1, n_dpcp)), true);
+              fmt::format("{:g} B x P (fp32 master + Adam m + v), {}", bpp.optimizer, shard_text(gs.sharded_optimizer, l.zero_stage, n_dpcp)), true);
     {
       const Formula f = layer_formula(exp);
       std::vector<std::string> vals;

@@ -37,11 +37,66 @@ std::string tick_label(double v) {
   return fmt::format("{:.4g}", v);
 }
 
-std::string open_svg(const std::string& title) {
-  return fmt::format(
+/// Widths of text, px, estimated per character (no font metrics offline): 0.6 em, about
+/// the widest average advance of the sans-serif faces the page asks for (bold included),
+/// so an estimate errs on the wide side.
+double text_width(const std::string& s, double font_px) { return static_cast<double>(s.size()) * 0.6 * font_px; }
+constexpr double kTitlePx = 14, kTickPx = 11, kTitleX = 10, kTitleLine = 18;
+
+/// `title` split at spaces into lines that fit the chart width.
+std::vector<std::string> wrap_title(const std::string& title) {
+  const double room = kW - 2 * kTitleX;
+  std::vector<std::string> lines;
+  std::string cur;
+  size_t i = 0;
+  while (i <= title.size()) {
+    const size_t sp = std::min(title.find(' ', i), title.size());
+    const std::string word = title.substr(i, sp - i);
+    const std::string cand = cur.empty() ? word : cur + " " + word;
+    if (!cur.empty() && text_width(cand, kTitlePx) > room) {
+      lines.push_back(cur);
+      cur = word;
+    } else {
+      cur = cand;
+    }
+    // A single word wider than the chart is cut into pieces that fit.
+    const size_t fit = static_cast<size_t>(room / (0.6 * kTitlePx));
+    while (cur.size() > fit) {
+      lines.push_back(cur.substr(0, fit));
+      cur = cur.substr(fit);
+    }
+    i = sp + 1;
+  }
+  if (!cur.empty() || lines.empty()) lines.push_back(cur);
+  return lines;
+}
+
+/// The SVG header and title. The chart body is drawn in a kW x kH frame; a title of more
+/// than one line moves it down, and `extra_bottom` px are added below it (rotated labels).
+/// Close with close_svg().
+std::string open_svg(const std::string& title, double extra_bottom = 0) {
+  const std::vector<std::string> lines = wrap_title(title);
+  const double dy = static_cast<double>(lines.size() - 1) * kTitleLine;
+  const double h = kH + dy + extra_bottom;
+  std::string s = fmt::format(
       "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {}\" width=\"{}\" height=\"{}\" "
-      "role=\"img\" aria-label=\"{}\">\n<text x=\"{}\" y=\"20\" class=\"ct\">{}</text>\n",
-      kW, kH, kW, kH, html_escape(title), kL, html_escape(title));
+      "role=\"img\" aria-label=\"{}\">\n<text x=\"{}\" y=\"20\" class=\"ct\">",
+      kW, num(h), kW, num(h), html_escape(title), num(kTitleX));
+  for (size_t i = 0; i < lines.size(); ++i)
+    s += fmt::format("<tspan x=\"{}\" dy=\"{}\">{}</tspan>", num(kTitleX), i == 0 ? "0" : num(kTitleLine),
+                     html_escape(lines[i]));
+  s += "</text>\n";
+  s += fmt::format("<g transform=\"translate(0 {})\">\n", num(dy));
+  return s;
+}
+
+std::string close_svg() { return "</g></svg>\n"; }
+
+/// Every how many-th of `n` labels `step` px apart to draw so that `need` px each do not
+/// overlap.
+size_t label_stride(double step, double need) {
+  if (step <= 0) return 1;
+  return std::max<size_t>(1, static_cast<size_t>(std::ceil(need / step - 1e-9)));
 }
 
 struct Axis {
@@ -133,7 +188,7 @@ std::string svg_scatter(const ScatterChart& c) {
   std::string s = open_svg(c.title);
   std::vector<ChartPoint> all = c.points;
   all.insert(all.end(), c.line.begin(), c.line.end());
-  if (all.empty()) return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/></svg>\n";
+  if (all.empty()) return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/>" + close_svg();
   double x0 = all[0].x, x1 = all[0].x, y1 = all[0].y;
   for (const auto& p : all) {
     x0 = std::min(x0, p.x);
@@ -163,13 +218,31 @@ std::string svg_scatter(const ScatterChart& c) {
       s += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"><title>{}</title></circle>\n", num(x.map(p.x)),
                        num(y.map(p.y)), kPalette[1], html_escape(p.label));
   }
-  return s + "</svg>\n";
+  return s + close_svg();
 }
 
 std::string svg_stacked_bars(const StackedBarChart& c) {
-  std::string s = open_svg(c.title);
-  if (c.bars.empty()) return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/></svg>\n";
+  // Bar labels: horizontal when the widest fits its slot, else vertical (rotated -90 deg,
+  // reading upwards, ending under the bar) with the chart extended below; labels that still
+  // crowd are thinned. A label cut to fit keeps its end (cluster labels differ there).
+  constexpr size_t kMaxLabel = 32;
+  const double n = std::max<double>(1.0, static_cast<double>(c.bars.size()));
+  const double slot = (kW - kR - kL) / n;
+  std::vector<std::string> labels;
+  double widest = 0;
+  for (const auto& b : c.bars) {
+    labels.push_back(b.size() > kMaxLabel ? "~" + b.substr(b.size() - (kMaxLabel - 1)) : b);
+    widest = std::max(widest, text_width(labels.back(), kTickPx));
+  }
+  const bool vertical = widest > slot - 4;
+  const double label_top = kH - kB + 8;  // where a vertical label ends (its right end)
+  const double extra_bottom = vertical ? std::max(0.0, label_top + widest + 6 - kH) : 0.0;
+  const size_t label_every = label_stride(slot, vertical ? kTickPx * 1.3 : widest + 4);
+
+  std::string s = open_svg(c.title, extra_bottom);
+  if (c.bars.empty()) return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/>" + close_svg();
   double top = c.limit;
+  for (double l : c.bar_limits) top = std::max(top, l);
   for (const auto& v : c.values) {
     double sum = 0;
     for (double x : v) sum += std::max(0.0, x);
@@ -187,12 +260,9 @@ std::string svg_stacked_bars(const StackedBarChart& c) {
   }
   s += fmt::format("<text x=\"16\" y=\"{0}\" class=\"al\" text-anchor=\"middle\" transform=\"rotate(-90 16 {0})\">{1}</text>\n",
                    num((kT + kH - kB) / 2), html_escape(c.y_label));
-  const double n = static_cast<double>(c.bars.size());
-  const double slot = (kW - kR - kL) / n;
   const double bw = std::max(2.0, slot * 0.7);
   std::vector<std::string> colors;
   for (size_t k = 0; k < c.series.size(); ++k) colors.push_back(kPalette[k % 10]);
-  const size_t label_every = c.bars.size() > 24 ? (c.bars.size() + 23) / 24 : 1;
   for (size_t b = 0; b < c.bars.size(); ++b) {
     const double x = kL + slot * static_cast<double>(b) + (slot - bw) / 2;
     double acc = 0;
@@ -205,9 +275,22 @@ std::string svg_stacked_bars(const StackedBarChart& c) {
                        html_escape(c.series[k]), html_escape(tick_label(v)));
       acc += v;
     }
-    if (b % label_every == 0)
-      s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tk\" text-anchor=\"middle\">{}</text>\n", num(x + bw / 2),
-                       num(kH - kB + 16), html_escape(c.bars[b].size() > 14 ? c.bars[b].substr(0, 13) + "~" : c.bars[b]));
+    if (b < c.bar_limits.size() && c.bar_limits[b] > 0) {
+      const double py = y.map(c.bar_limits[b]);
+      s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"lim\" stroke=\"#c00\" stroke-width=\"2\" "
+                       "stroke-dasharray=\"6 4\"><title>{}: {} {}</title></line>\n",
+                       num(x - (slot - bw) / 4), num(py), num(x + bw + (slot - bw) / 4), num(py), html_escape(c.bars[b]),
+                       html_escape(c.limit_label), html_escape(tick_label(c.bar_limits[b])));
+    }
+    if (b % label_every != 0) continue;
+    const double cx = x + bw / 2;
+    if (vertical)
+      s += fmt::format("<text x=\"{0}\" y=\"{1}\" class=\"tk\" text-anchor=\"end\" transform=\"rotate(-90 {0} {1})\" "
+                       "dy=\"{2}\">{3}</text>\n",
+                       num(cx), num(label_top), num(kTickPx * 0.35), html_escape(labels[b]));
+    else
+      s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tk\" text-anchor=\"middle\">{}</text>\n", num(cx),
+                       num(kH - kB + 16), html_escape(labels[b]));
   }
   if (c.limit > 0) {
     const double py = y.map(c.limit);
@@ -215,14 +298,22 @@ std::string svg_stacked_bars(const StackedBarChart& c) {
                      "<text x=\"{2}\" y=\"{3}\" class=\"tk\" text-anchor=\"end\" fill=\"#c00\">{4}</text>\n",
                      num(kL), num(py), num(kW - kR), num(py - 4), html_escape(c.limit_label));
   }
-  s += legend(c.series, colors);
-  return s + "</svg>\n";
+  std::vector<std::string> names = c.series;
+  if (!c.bar_limits.empty() && c.limit <= 0) {
+    // The per-bar limit marks in the legend: a dashed red line and its label.
+    const double ly = kT + 8 + static_cast<double>(names.size()) * 18 + 6;
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"2\" "
+                     "stroke-dasharray=\"4 3\"/><text x=\"{}\" y=\"{}\" class=\"tk\">limit</text>\n",
+                     num(kW - kR + 10), num(ly), num(kW - kR + 26), num(ly), num(kW - kR + 30), num(ly + 4));
+  }
+  s += legend(names, colors);
+  return s + close_svg();
 }
 
 std::string svg_timeline(const TimelineChart& c) {
   std::string s = open_svg(c.title);
   if (c.events.empty() || c.lanes.empty())
-    return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/></svg>\n";
+    return s + empty_note() + "<rect x=\"0\" y=\"0\" width=\"1\" height=\"1\" fill=\"none\"/>" + close_svg();
   double t1 = 0;
   for (const auto& e : c.events) t1 = std::max(t1, e.start + e.duration);
   Axis x{0, t1 > 0 ? t1 : 1, false, kL, kW - kR};
@@ -237,7 +328,9 @@ std::string svg_timeline(const TimelineChart& c) {
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"al\" text-anchor=\"middle\">{}</text>\n", num((kL + kW - kR) / 2),
                    num(kH - 12), html_escape(c.x_label));
-  for (size_t i = 0; i < c.lanes.size(); ++i)
+  // Lane names thinned when lanes are lower than a line of text.
+  const size_t lane_every = label_stride(lane_h, kTickPx * 1.2);
+  for (size_t i = 0; i < c.lanes.size(); i += lane_every)
     s += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tk\" text-anchor=\"end\">{}</text>\n", num(kL - 6),
                      num(kT + lane_h * (static_cast<double>(i) + 0.5) + 4), html_escape(c.lanes[i]));
   std::vector<std::string> kinds;
@@ -254,7 +347,7 @@ std::string svg_timeline(const TimelineChart& c) {
                      html_escape(e.label));
   }
   s += legend(kinds, colors);
-  return s + "</svg>\n";
+  return s + close_svg();
 }
 
 std::string render_html(const ReportData& r) {

@@ -35,7 +35,9 @@ struct ScatterChart {
   bool log_x = false;
 };
 
-/// Stacked bars: values[bar][series]; an optional horizontal limit line (e.g. HBM capacity).
+/// Stacked bars: values[bar][series]; an optional horizontal limit line (e.g. HBM capacity)
+/// across the chart, and/or one limit per bar (bar_limits[bar], e.g. each cluster's own HBM)
+/// drawn as a dashed mark over that bar.
 struct StackedBarChart {
   std::string title, y_label;
   std::vector<std::string> series;
@@ -43,6 +45,7 @@ struct StackedBarChart {
   std::vector<std::vector<double>> values;
   double limit = 0;
   std::string limit_label;
+  std::vector<double> bar_limits;  // empty, or one per bar (0: none)
 };
 
 /// Lanes of time intervals (a pipeline schedule excerpt).

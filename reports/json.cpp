@@ -1,5 +1,7 @@
 #include "reports/json.hpp"
 
+#include <cmath>
+
 namespace dtsim {
 
 namespace {
@@ -9,10 +11,15 @@ namespace {
 constexpr const char* kCommKinds[] = {"TP", "CP", "PP", "DP"};
 
 nlohmann::json comm_json(const CommStats& c) {
+  // A whole count prints as an integer; the step-level mean over stages may be fractional
+  // (models/result.hpp CommStats::operations).
+  nlohmann::json ops = c.operations;
+  if (c.operations == std::floor(c.operations) && std::fabs(c.operations) < 9e15)
+    ops = static_cast<int64_t>(c.operations);
   return {{"total_s", c.total_s},
           {"exposed_s", c.exposed_s},
           {"bytes", c.bytes},
-          {"operations", c.operations}};
+          {"operations", ops}};
 }
 
 nlohmann::json comm_map_json(const std::map<std::string, CommStats>& m) {

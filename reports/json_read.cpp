@@ -11,7 +11,7 @@ CommStats comm_from(const nlohmann::json& j) {
   c.total_s = j.at("total_s").get<double>();
   c.exposed_s = j.at("exposed_s").get<double>();
   c.bytes = j.at("bytes").get<double>();
-  c.operations = j.at("operations").get<int64_t>();
+  c.operations = j.at("operations").get<double>();
   return c;
 }
 

@@ -71,10 +71,12 @@ std::string render_markdown(const ReportData& r) {
     s += "## " + markdown_escape(c.title) + "\n\n";
     std::vector<std::string> cols = {""};
     cols.insert(cols.end(), c.series.begin(), c.series.end());
+    if (!c.bar_limits.empty()) cols.push_back(c.limit_label);
     std::vector<std::vector<std::string>> rows;
     for (size_t b = 0; b < c.bars.size(); ++b) {
       std::vector<std::string> row = {c.bars[b]};
       for (size_t k = 0; k < c.series.size(); ++k) row.push_back(k < c.values[b].size() ? g(c.values[b][k]) : "");
+      if (!c.bar_limits.empty()) row.push_back(b < c.bar_limits.size() ? g(c.bar_limits[b]) : "");
       rows.push_back(row);
     }
     s += table(cols, rows);

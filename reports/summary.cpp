@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "models/flops.hpp"
+#include "reports/terminal_text.hpp"
 
 namespace dtsim {
 
@@ -27,6 +28,15 @@ std::string with_thousands(double v) {
     out += digits[static_cast<size_t>(i)];
   }
   return (v < 0 && digits != "0" ? "-" : "") + out;
+}
+
+/// A count: "36,864"; a mean over stages that is not whole keeps two decimals, "0.25".
+std::string count_text(double v) {
+  if (!std::isfinite(v) || v == std::floor(v)) return with_thousands(v);
+  const double whole = std::trunc(v);
+  std::string frac = fmt::format("{:.2f}", std::fabs(v - whole));  // "0.25" (or "1.00" after rounding)
+  if (frac[0] != '0') return with_thousands(v);
+  return with_thousands(whole) + frac.substr(1);
 }
 
 std::string percent(double fraction) { return fmt::format("{:.1f} %", 100.0 * fraction); }
@@ -79,9 +89,10 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
 
   // --- header: the experiment -------------------------------------------------------
   const std::string& title = !exp.title.empty() ? exp.title : r.experiment;
-  fmt::format_to(out, "dtsim: {}\n", title.empty() ? exp.source : title);
-  if (!exp.source.empty() && !title.empty()) fmt::format_to(out, "  file      {}\n", exp.source);
-  fmt::format_to(out, "  model     {}: {} layers, hidden {}, {} heads", m.name.empty() ? "(unnamed)" : m.name,
+  // User strings (title, names, file names) go through printable(): no raw control characters.
+  fmt::format_to(out, "dtsim: {}\n", printable(title.empty() ? exp.source : title));
+  if (!exp.source.empty() && !title.empty()) fmt::format_to(out, "  file      {}\n", printable(exp.source));
+  fmt::format_to(out, "  model     {}: {} layers, hidden {}, {} heads", m.name.empty() ? "(unnamed)" : printable(m.name),
                  m.layers, m.hidden, m.heads);
   if (m.kv_heads > 0 && m.kv_heads != m.heads) fmt::format_to(out, " ({} KV)", m.kv_heads);
   if (m.layers > 0 && m.hidden > 0 && m.heads > 0) {
@@ -92,9 +103,9 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
     }
   }
   o += '\n';
-  fmt::format_to(out, "  cluster   {} GPUs ({}) on {} node{} x {}", c.gpus(), c.gpu.name.empty() ? "GPU" : c.gpu.name,
+  fmt::format_to(out, "  cluster   {} GPUs ({}) on {} node{} x {}", c.gpus(), c.gpu.name.empty() ? "GPU" : printable(c.gpu.name),
                  c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node);
-  if (!c.name.empty()) fmt::format_to(out, ", {}", c.name);
+  if (!c.name.empty()) fmt::format_to(out, ", {}", printable(c.name));
   o += '\n';
   fmt::format_to(out, "  layout    DP {} x TP {} x CP {} x PP {}, ZeRO-{}, sequence parallel {}, recompute {}\n",
                  l.dp, l.tp, l.cp, l.pp, l.zero_stage,
@@ -111,7 +122,7 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   else
     fmt::format_to(out, ", unfolded ({} ranks simulated)", r.simulated_ranks);
   o += '\n';
-  if (!pub.source.empty()) fmt::format_to(out, "  published {}\n", pub.source);
+  if (!pub.source.empty()) fmt::format_to(out, "  published {}\n", printable(pub.source));
   o += '\n';
 
   // --- step figures -------------------------------------------------------------------
@@ -144,7 +155,7 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   auto comm_row = [&](const std::string& kind, const CommStats& s) {
     fmt::format_to(out, "  {:<15}{:>12}{:>12}{:>12}{:>14}{:>10}\n", kind, format_duration(s.total_s),
                    format_duration(s.exposed_s), format_duration(std::max(0.0, s.total_s - s.exposed_s)),
-                   format_bytes(s.bytes), with_thousands(static_cast<double>(s.operations)));
+                   format_bytes(s.bytes), count_text(s.operations));
   };
   for (const char* k : kCommKinds) comm_row(k, find_comm(r.comm, k));
   for (const auto& [k, s] : r.comm)

@@ -9,7 +9,7 @@ const char* to_string(TraceStream s) {
     case TraceStream::compute: return "compute";
     case TraceStream::tp: return "TP comm";
     case TraceStream::cp: return "CP comm";
-    case TraceStream::pp: return "PP send";
+    case TraceStream::pp: return "PP send / collective";
     case TraceStream::pp_recv: return "PP recv";
     case TraceStream::dp: return "DP comm";
   }
@@ -36,6 +36,28 @@ nlohmann::json trace_to_json(const Trace& trace) {
     if (e.flops > 0) args["flops"] = e.flops;
     if (e.bytes > 0) args["bytes"] = e.bytes;
     if (!e.group.empty()) args["group"] = e.group;
+    if (e.async_id != 0) {
+      // Overlapping transfers: an async slice per message (Chrome trace-event format,
+      // "Async events": "b" and "e" matched by category and id), which Perfetto lays out on
+      // as many tracks as overlap, instead of partly overlapping "X" slices on one thread.
+      const std::string id = std::to_string(e.async_id);
+      events.push_back({{"ph", "b"},
+                        {"pid", e.rank},
+                        {"tid", static_cast<int>(e.stream)},
+                        {"name", e.name},
+                        {"cat", e.category},
+                        {"id", id},
+                        {"ts", e.start_s * 1e6},
+                        {"args", args}});
+      events.push_back({{"ph", "e"},
+                        {"pid", e.rank},
+                        {"tid", static_cast<int>(e.stream)},
+                        {"name", e.name},
+                        {"cat", e.category},
+                        {"id", id},
+                        {"ts", (e.start_s + e.duration_s) * 1e6}});
+      continue;
+    }
     events.push_back({{"ph", "X"},
                       {"pid", e.rank},
                       {"tid", static_cast<int>(e.stream)},

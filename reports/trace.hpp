@@ -3,7 +3,9 @@
 // https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
 // {"traceEvents": [...], "displayTimeUnit": "ms"}; complete events ("ph": "X") with
 // microsecond "ts"/"dur", one process ("pid") per simulated rank and one thread ("tid")
-// per stream, named by metadata events ("ph": "M", process_name / thread_name).
+// per stream, named by metadata events ("ph": "M", process_name / thread_name). Complete
+// events on one thread nest properly (each inside another or after it); P2P transfers,
+// which overlap, are async events ("ph": "b" / "e" with an "id", one pair per message).
 #include <string>
 
 #include <nlohmann/json.hpp>

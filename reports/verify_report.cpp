@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "reports/terminal_text.hpp"
+
 namespace dtsim {
 
 namespace {
@@ -34,7 +36,7 @@ std::string format_verify_report(const verify::VerifyReport& r) {
   const ModelSpec& m = s.model;
   const Training& t = s.training;
   std::string out;
-  out += fmt::format("dtsim verify: {}\n", r.original.source.empty() ? r.original.title : r.original.source);
+  out += fmt::format("dtsim verify: {}\n", printable(r.original.source.empty() ? r.original.title : r.original.source));
   out += fmt::format("  layout   TP {}  CP {}  PP {}  DP {}  ZeRO-{}  SP {}  recompute {}  {}  ({} ranks)\n", l.tp, l.cp,
                      l.pp, l.dp, l.zero_stage, l.sequence_parallel && l.tp > 1 ? "on" : "off", to_string(l.recompute),
                      t.flash_attention ? "flash attention" : "unfused attention", r.world);

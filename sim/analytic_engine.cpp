@@ -117,7 +117,7 @@ struct AnalyticEngine::Shape {
 };
 
 struct AnalyticEngine::StageDetail {
-  double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, p2p_s = 0;
+  double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, p2p_s = 0, slowdown_s = 0;
   std::array<double, kCommKinds> total{}, exposed{};
 };
 
@@ -401,6 +401,16 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   est.pipeline_s = t_pipe;
   const double gpus = d(c.gpus());
   double chain = 0;  // backward chain from the first stage
+  // Tied word embedding with pp > 1 (plan.cpp finish_step): the first and the last stage SUM
+  // their copies' gradients, blocking, after the DP sync and before the optimizer (PP
+  // communication, models/result.hpp CommStats); the earlier of the two waits for the other
+  // (bubble). One AllReduce over the 2 ranks of the embedding group, (p - 1) stages apart.
+  const double emb_ar = model.tied_embeddings && p > 1
+                            ? comm.collective(Collective::AllReduce, 2, (p - 1) * stage_size,
+                                              d(model.vocab) * d(model.hidden) / d(l.tp) * grad_bytes)
+                            : 0.0;
+  std::vector<double> pre_ar(static_cast<size_t>(p), 0.0), finish_of(static_cast<size_t>(p), 0.0);
+  std::vector<StageDetail> stage_detail;
   for (int64_t s = 0; s < p; ++s) {
     const bool first = s == 0, last = s == p - 1;
     const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
@@ -423,9 +433,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         dp_total += d(m) * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
         dp_exposed += tail;
       } else {
-        const Collective coll = l.zero_stage == 0 ? Collective::AllReduce : Collective::ReduceScatter;
+        // The plan's rule (models/plan.hpp grad_sync_policy): ZeRO-2 reduce-scatters every
+        // micro-batch's gradients, ZeRO-0/1 on the last one unless reduce_every_micro_batch.
+        const GradSyncPolicy gs = grad_sync_policy(l, tr);
+        const Collective coll = gs.collective;
         if (!tr.overlap_grad_reduce) {
-          dp_total = dp_ring(coll, params * grad_bytes);
+          // Blocking, once per reducing micro-batch (plan.cpp flush_pending).
+          dp_total = (gs.every_micro_batch ? d(m) : 1.0) * dp_ring(coll, params * grad_bytes);
           dp_exposed = dp_total;
         } else {
           // The plan's buckets, in backward order: head (last stage), layers, embedding.
@@ -453,7 +467,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           }
           dp_exposed = std::max(0.0, f - t);
           stretch = t - work;
-          if (tr.reduce_every_micro_batch && m > 1) {
+          if (gs.every_micro_batch && m > 1) {
             const double per_mb = dp_total;
             dp_total *= d(m);
             stretch *= d(m);
@@ -482,8 +496,9 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     adam.kernels = sh.adam_kernels;
     adam.bytes = params / (l.zero_stage >= 1 ? d(dpcp) : 1.0) * sh.adam_bytes_per_param;
     const double opt = compute_time(adam, c.gpu, tr.dtype);
-    const double finish = end_bwd + stretch + (dp_exposed - dp_in_pipe) + opt + gather;
-    est.step_time_s = std::max(est.step_time_s, finish);
+    const double ar = first || last ? emb_ar : 0.0;
+    pre_ar[static_cast<size_t>(s)] = end_bwd + stretch + (dp_exposed - dp_in_pipe);
+    const double finish = pre_ar[static_cast<size_t>(s)] + ar + opt + gather;  // the AllReduce's wait: below
     est.optimizer_s = std::max(est.optimizer_s, opt);
 
     // Per-stage accounting (means below).
@@ -494,6 +509,19 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     comp = d(m) * comp + opt;
     StageDetail sd;
     sd.compute_s = comp;
+    // Kernel time lost to overlapping communication (comm_overlap_speed): each segment's
+    // wall time beyond its kernels and its exposed communication, plus the DP overlap's.
+    {
+      auto lost = [](const Shape::Seg& g) {
+        double x = g.time - g.compute;
+        for (double e : g.exposed) x -= e;
+        return x;
+      };
+      double per_mb = layers_mb * (lost(sh.layer_f) + lost(sh.layer_b));
+      if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
+      if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
+      sd.slowdown_s = d(m) * per_mb + stretch;
+    }
     for (int k : {kTP, kCP}) {
       double tot = layers_mb * (sh.layer_f.total[static_cast<size_t>(k)] + sh.layer_b.total[static_cast<size_t>(k)]);
       double exp = layers_mb * (sh.layer_f.exposed[static_cast<size_t>(k)] + sh.layer_b.exposed[static_cast<size_t>(k)]);
@@ -513,27 +541,43 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       sd.exposed[static_cast<size_t>(k)] = d(m) * exp;
     }
     if (p > 1) {
-      sd.total[kPP] = d(m) * (recv_f + recv_b) * t_p2p;
-      sd.exposed[kPP] = (first || last ? 1.0 : 2.0) * t_p2p;
+      // Every message counts at both ends (sender and receiver): its receives and as many
+      // sends (recv_f forward receives = as many backward sends, and vice versa).
+      sd.total[kPP] = 2.0 * d(m) * (recv_f + recv_b) * t_p2p + ar;
+      sd.exposed[kPP] = (first || last ? 1.0 : 2.0) * t_p2p + ar;
     }
     sd.total[kDP] = dp_total + gather;
     sd.exposed[kDP] = dp_exposed + gather;
-    sd.finish_s = finish;
     sd.forward_s = F[static_cast<size_t>(s)];
     sd.backward_s = B[static_cast<size_t>(s)];
     sd.p2p_s = t_p2p;
-    sd.bubble_s = std::max(0.0, t_pipe - d(m) * (F[static_cast<size_t>(s)] + B[static_cast<size_t>(s)]));
     for (int k = 0; k < kCommKinds; ++k) {
       est.comm_total_s[static_cast<size_t>(k)] += sd.total[static_cast<size_t>(k)] / d(p);
       est.comm_exposed_s[static_cast<size_t>(k)] += sd.exposed[static_cast<size_t>(k)] / d(p);
     }
     est.compute_s += sd.compute_s / d(p);
-    if (detail) detail->push_back(sd);
+    finish_of[static_cast<size_t>(s)] = finish;
+    stage_detail.push_back(sd);
+  }
+  if (emb_ar > 0) {  // the embedding AllReduce starts when both its stages reached it
+    const double start = std::max(pre_ar.front(), pre_ar.back());
+    finish_of.front() += start - pre_ar.front();
+    if (p > 1) finish_of.back() += start - pre_ar.back();
   }
   for (int64_t s = 0; s < p; ++s) {
-    // Idle after the stage's own finish until the step ends counts as bubble (as the DES does).
-    if (detail) (*detail)[static_cast<size_t>(s)].bubble_s += est.step_time_s - (*detail)[static_cast<size_t>(s)].finish_s;
+    est.step_time_s = std::max(est.step_time_s, finish_of[static_cast<size_t>(s)]);
+    stage_detail[static_cast<size_t>(s)].finish_s = finish_of[static_cast<size_t>(s)];
   }
+  for (auto& sd : stage_detail) {
+    // The stage's step is its compute, slowdown, exposed communication and bubble
+    // (models/result.hpp CommStats, as the DES counts them): the bubble is what the
+    // rest leaves, the waits on the schedule, on the other embedding stage, and the idle
+    // time after the stage's own finish.
+    double busy = sd.compute_s + sd.slowdown_s;
+    for (double e : sd.exposed) busy += e;
+    sd.bubble_s = est.step_time_s - busy;
+  }
+  if (detail) *detail = std::move(stage_detail);
   est.bubble_s = std::max(0.0, t_pipe - d(m) * w_mean);
 
   // Throughput and FLOPs (as sim/simgrid_engine.cpp reports them).
@@ -586,7 +630,8 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
   r.mfu = est.mfu;
   r.hfu = est.hfu;
   r.compute_s = est.compute_s;
-  r.bubble_s = est.bubble_s;
+  r.bubble_s = 0;  // mean over stages of the stage bubbles below, as the DES reports it
+  for (const auto& sd : detail) r.bubble_s += sd.bubble_s / d(l.pp);
   r.optimizer_s = est.optimizer_s;
   const char* names[kCommKinds] = {"TP", "CP", "PP", "DP"};
   for (int k = 0; k < kCommKinds; ++k) {
@@ -602,6 +647,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
     st.layers = e.model.layers / l.pp;
     st.compute_s = sd.compute_s;
     st.bubble_s = sd.bubble_s;
+    st.slowdown_s = sd.slowdown_s;
     st.finish_s = sd.finish_s;
     for (int k = 0; k < kCommKinds; ++k) {
       CommStats cs;

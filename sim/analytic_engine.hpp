@@ -36,7 +36,10 @@
 // 4. Memory: models/memory.hpp stage_memory of the first and last pipeline stages (every
 //    other stage holds no more: fewer in-flight micro-batches, no embedding or head).
 //
-// Step time = max_s (end of backward_s + exposed DP_s + optimizer_s + ZeRO-1/2 gather_s).
+// Step time = max_s (end of backward_s + exposed DP_s + optimizer_s + ZeRO-1/2 gather_s), the
+// first and last stage adding the tied-embedding gradient AllReduce (PP) once both reach it.
+// Per stage, bubble = step time - compute - slowdown - exposed communication, the DES's
+// accounting (models/result.hpp CommStats).
 // Agreement with the SimGrid engine: within 10% on experiments/*.yaml, experiments/validation
 // and the top layouts of experiments/sweeps (tests/unit/test_analytic_vs_des.cpp). What it
 // leaves out: link contention between concurrent collectives of different kinds, and the

@@ -78,6 +78,10 @@ struct Stream {
   sg4::ActorPtr actor;
   sg4::SemaphorePtr queued;     // one token per queued op
   sg4::SemaphorePtr collective;  // released when a collective it waits in completes
+  /// Intervals in which the stream's current collective waited for other members to
+  /// arrive: not communication in flight (wait_handle counts a compute wait overlapping
+  /// them as bubble).
+  std::vector<std::pair<double, double>> peer_waits;
 };
 
 struct RankState {
@@ -97,6 +101,12 @@ struct RankState {
   std::array<Stream, kCommKinds> streams;
   std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
   std::vector<sg4::CommPtr> sends;  // P2P sends in flight or done (timed at the end)
+  struct SendInfo {
+    const Op* op;
+    double posted_at;  // when the compute stream posted it
+    double alpha;      // P2P latency to the receiver (Platform::alpha)
+  };
+  std::vector<SendInfo> send_info;  // parallel to `sends`
   std::deque<Op> split_ops;         // parts of pipelined TP collectives (stable addresses)
   bool finished = false;            // the compute actor reached the end of its plan
   Stats stats;
@@ -106,11 +116,13 @@ struct Message {
   double posted_at = 0;
   int32_t micro_batch = -1;
   int32_t chunk = 0;
+  sg4::CommPtr comm;  // the sender's transfer (its flow end times the receive); dropped on receipt
 };
 
 struct Instance {
   int arrived = 0;
   std::vector<sg4::SemaphorePtr> waiters;
+  std::shared_ptr<double> started = std::make_shared<double>(-1.0);  // when the last member arrived
 };
 
 struct GroupState {
@@ -143,7 +155,9 @@ class Simulation {
  private:
   bool simulated(int64_t rank) const { return !opts_.fold || rank % stage_size_ == 0; }
   GroupState& group(GroupKind kind, int64_t rank, int64_t* gid);
-  void run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake);
+  /// Joins collective instance `seq` of `op`'s group and returns when it completed; the
+  /// result is when it started (its last member arrived).
+  double run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake);
   int64_t next_seq(RankState& rs, GroupKind kind, int64_t rank);
   void compute_actor(RankState& rs);
   void stream_actor(RankState& rs, int kind);
@@ -151,7 +165,7 @@ class Simulation {
   void blocking_collective(RankState& rs, const Op& op);
   void set_active(RankState& rs, int delta);
   void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
-              const char* name = nullptr);
+              const char* name = nullptr, double end = -1, bool async = false);
   std::string group_label(const RankState& rs, GroupKind kind);
   void run_kernels(RankState& rs, double seconds);
   void wait_handle(RankState& rs, const Op& op);
@@ -172,6 +186,7 @@ class Simulation {
   std::vector<std::unique_ptr<RankState>> ranks_;  // simulated ranks
   std::map<std::pair<int, int64_t>, GroupState> groups_;
   std::vector<std::unique_ptr<Message>> messages_;
+  int64_t next_async_id_ = 1;  // trace: async slice ids (P2P transfers)
 };
 
 GroupState& Simulation::group(GroupKind kind, int64_t rank, int64_t* gid) {
@@ -195,20 +210,24 @@ int64_t Simulation::next_seq(RankState& rs, GroupKind kind, int64_t rank) {
   return rs.group_seq[{static_cast<int>(kind), gid}]++;
 }
 
-void Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake) {
+double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake) {
   int64_t gid = 0;
   GroupState& g = group(op.group, rs.rank, &gid);
   Instance& inst = g.instances[seq];
   inst.arrived++;
   if (inst.arrived < static_cast<int>(g.present.size())) {
     inst.waiters.push_back(wake);
+    const std::shared_ptr<double> started = inst.started;
     wake->acquire();
-    return;
+    return *started;
   }
   std::vector<sg4::SemaphorePtr> waiters = std::move(inst.waiters);
+  const std::shared_ptr<double> started = inst.started;
   g.instances.erase(seq);
+  *started = sg4::Engine::get_clock();
   execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes);
   for (auto& w : waiters) w->release();
+  return *started;
 }
 
 void Simulation::issue(RankState& rs, const Op& op, bool interferes) {
@@ -234,11 +253,14 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     st.queue.pop_front();
     const double t0 = sg4::Engine::get_clock();
     if (q.interferes) set_active(rs, +1);
-    run_collective(rs, *q.op, q.seq, st.collective);
+    const double start = run_collective(rs, *q.op, q.seq, st.collective);
     if (q.interferes) set_active(rs, -1);
-    record(rs, stream_of(q.op->kind), *q.op, to_string(q.op->kind), t0);
+    // In flight from its start (every member there) to its end; before that it waited
+    // for the group's other members (models/result.hpp CommStats).
+    if (start > t0) st.peer_waits.push_back({t0, start});
+    record(rs, stream_of(q.op->kind), *q.op, to_string(q.op->kind), start);
     auto& cs = rs.stats.comm[kind];
-    cs.total_s += sg4::Engine::get_clock() - t0;
+    cs.total_s += sg4::Engine::get_clock() - start;
     cs.bytes += ring_cost(q.op->collective, static_cast<int64_t>(grid_.group_of(rs.rank, q.op->group).size()),
                           q.op->size_bytes).edge_bytes;
     cs.operations++;
@@ -259,7 +281,7 @@ std::string Simulation::group_label(const RankState& rs, GroupKind kind) {
 }
 
 void Simulation::record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
-                        const char* name) {
+                        const char* name, double end, bool async) {
   if (!opts_.trace) return;
   TraceEvent e;
   e.rank = rs.rank;
@@ -267,7 +289,8 @@ void Simulation::record(const RankState& rs, TraceStream stream, const Op& op, c
   e.name = name ? name : op.name;
   e.category = category;
   e.start_s = start;
-  e.duration_s = sg4::Engine::get_clock() - start;
+  e.duration_s = (end >= 0 ? end : sg4::Engine::get_clock()) - start;
+  if (async) e.async_id = next_async_id_++;
   if (op.type == OpType::compute) {
     e.flops = op.flops;
     e.bytes = op.bytes;
@@ -309,7 +332,16 @@ void Simulation::wait_handle(RankState& rs, const Op& op) {
   const double t0 = sg4::Engine::get_clock();
   rs.waiting_handle = op.handle;
   rs.handle_done->acquire();
-  rs.stats.comm[static_cast<int>(op.kind)].exposed_s += sg4::Engine::get_clock() - t0;
+  const double t1 = sg4::Engine::get_clock();
+  // The part of the wait in which the stream's collectives waited for other members of
+  // their group (skew between ranks, e.g. pipeline stages) is bubble, the rest exposed
+  // communication.
+  double skew = 0;
+  const auto& pw = rs.streams[static_cast<int>(op.kind)].peer_waits;
+  for (auto it = pw.rbegin(); it != pw.rend() && it->second > t0; ++it)
+    skew += std::max(0.0, std::min(it->second, t1) - std::max(it->first, t0));
+  rs.stats.comm[static_cast<int>(op.kind)].exposed_s += (t1 - t0) - skew;
+  rs.stats.bubble_s += skew;
   record(rs, TraceStream::compute, op, "wait", t0, "wait");
 }
 
@@ -331,16 +363,19 @@ void Simulation::send(RankState& rs, const Op& op) {
   cs.bytes += op.size_bytes;
   cs.operations++;
   rs.sends.push_back(mb->put_async(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes))));
+  msg->comm = rs.sends.back();
+  rs.send_info.push_back({&op, msg->posted_at, platform_.alpha(platform_.same_node(dst, rs.rank))});
   // Folded on a fabric with switch uplinks: the folded ranks' identical sends load the
   // uplinks as separate flows (sim/collective_exec.hpp).
   launch_fold_siblings(platform_, fold_, rs.rank, dst, op.size_bytes, stage_size_);
   if (!plan_.exp.training.overlap_p2p) {
     // Megatron waits on its isend (batch_isend_irecv + wait): the compute stream blocks
-    // until the bytes arrived.
+    // until the bytes arrived. Exposed: that wait, inside the transfer's time (posting to
+    // flow end), which the PP total counts at the end of the plan.
     const double t0 = sg4::Engine::get_clock();
     rs.sends.back()->wait();
     cs.exposed_s += sg4::Engine::get_clock() - t0;
-    record(rs, TraceStream::pp, op, "PP", t0);
+    record(rs, TraceStream::compute, op, "wait", t0, "wait");
   }
 
 }
@@ -368,11 +403,21 @@ void Simulation::recv(RankState& rs, const Op& op) {
   // permanent receiver, as Megatron pre-posts its irecv). Waiting before that is bubble;
   // waiting while the bytes were in flight is exposed PP communication.
   const double start = std::max(t0, msg->posted_at);
+  // The transfer's time on this rank, as for a send (compute_actor's end): from posting to
+  // the bytes being usable here, the flow's end plus alpha. The wait above lies inside it
+  // (it starts no earlier than the posting and ends at flow end + alpha, or at most alpha
+  // after the posting when the bytes were already here), so exposed <= total.
+  const double flow_end = arrived > t0 ? arrived : msg->comm->get_finish_time();
+  if (!(flow_end >= msg->posted_at && flow_end <= arrived))
+    throw std::logic_error("pipeline message at rank " + std::to_string(rs.rank) + " without a finished transfer");
+  msg->comm = nullptr;
+  const double ready = flow_end + alpha;
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
+  cs.total_s += ready - msg->posted_at;
+  cs.operations++;
   cs.exposed_s += t1 - start;
   rs.stats.bubble_s += start - t0;
   if (opts_.trace) {
-    const double now = sg4::Engine::get_clock();
     TraceEvent bubble;
     if (start > t0) {
       bubble.rank = rs.rank;
@@ -384,17 +429,32 @@ void Simulation::recv(RankState& rs, const Op& op) {
       bubble.chunk = op.chunk;
       opts_.trace->events.push_back(bubble);
     }
-    record(rs, TraceStream::pp_recv, op, "PP", msg->posted_at);
-    (void)now;
+    if (t1 > start) record(rs, TraceStream::compute, op, "wait", start, "wait", t1);
+    record(rs, TraceStream::pp_recv, op, "PP", msg->posted_at, nullptr, ready, /*async=*/true);
   }
 }
 
 void Simulation::blocking_collective(RankState& rs, const Op& op) {
   const int64_t seq = next_seq(rs, op.group, rs.rank);
   const double t0 = sg4::Engine::get_clock();
-  run_collective(rs, op, seq, rs.collective);
-  record(rs, stream_of(op.kind), op, to_string(op.kind), t0);
-  const double dt = sg4::Engine::get_clock() - t0;
+  const double start = run_collective(rs, op, seq, rs.collective);
+  // Waiting for the group's other members to arrive (e.g. the last pipeline stage for the
+  // first at the tied-embedding AllReduce) is bubble; from the start on, exposed
+  // communication (models/result.hpp CommStats).
+  rs.stats.bubble_s += start - t0;
+  if (opts_.trace && start > t0) {
+    TraceEvent bubble;
+    bubble.rank = rs.rank;
+    bubble.name = "bubble";
+    bubble.category = "bubble";
+    bubble.start_s = t0;
+    bubble.duration_s = start - t0;
+    bubble.micro_batch = op.micro_batch;
+    bubble.chunk = op.chunk;
+    opts_.trace->events.push_back(bubble);
+  }
+  record(rs, stream_of(op.kind), op, to_string(op.kind), start);
+  const double dt = sg4::Engine::get_clock() - start;
   auto& cs = rs.stats.comm[static_cast<int>(op.kind)];
   cs.total_s += dt;
   cs.exposed_s += dt;
@@ -528,12 +588,20 @@ void Simulation::compute_actor(RankState& rs) {
   flush();
   rs.stats.finish_s = sg4::Engine::get_clock();
   rs.finished = true;
-  // PP total: the time each send's bytes were moving (start to finish of the transfer).
+  // PP total, sends' part (recv() adds the receives'): each transfer from its posting to
+  // the bytes being usable at the receiver (flow end + alpha), the same window the
+  // receiver counts: a message counts once at each end, as a collective counts on every
+  // member. Exposed send time (a blocking send's wait) lies inside it.
   if (!rs.sends.empty()) {
     sg4::Comm::wait_all(rs.sends);
-    for (const auto& c : rs.sends)
-      rs.stats.comm[static_cast<int>(CommKind::PP)].total_s += c->get_finish_time() - c->get_start_time();
+    for (size_t i = 0; i < rs.sends.size(); ++i) {
+      const auto& info = rs.send_info[i];
+      const double ready = rs.sends[i]->get_finish_time() + info.alpha;
+      rs.stats.comm[static_cast<int>(CommKind::PP)].total_s += ready - info.posted_at;
+      record(rs, TraceStream::pp, *info.op, "PP", info.posted_at, nullptr, ready, /*async=*/true);
+    }
     rs.sends.clear();
+    rs.send_info.clear();
   }
 }
 
@@ -581,6 +649,7 @@ StepResult Simulation::run() {
     mailbox(rs.rank, Direction::backward)->set_receiver(rs.compute_actor);
   }
   engine.run();
+  messages_.clear();  // their CommPtrs must not outlive the engine
   // SimGrid returns when no activity can progress; a rank still inside its plan then
   // waits forever (a plan whose sends, receives or collectives do not match): an engine
   // or plan bug, never a result.
@@ -635,9 +704,11 @@ StepResult Simulation::run() {
     }
     const double inv = count > 0 ? 1.0 / count : 0.0;
     sr.compute_s = sum.compute_s * inv;
-    // Pipeline bubble: waiting on the schedule (a recv before its data was sent) plus the
-    // idle tail after the stage's own last operation until the step ends (a last stage
-    // finishes while gradients drain towards the first): (p-1)(t_f+t_b) per stage in 1F1B.
+    // Pipeline bubble: waiting on the schedule (a recv before its data was sent, a
+    // collective before its other members arrived) plus the idle tail after the stage's
+    // own last operation until the step ends (a last stage finishes while gradients drain
+    // towards the first): (p-1)(t_f+t_b) per stage in 1F1B. With compute, slowdown and
+    // exposed communication it makes up the step (models/result.hpp CommStats).
     sr.bubble_s = sum.bubble_s * inv + (res.step_time_s - sum.finish_s);
     sr.finish_s = sum.finish_s;
     sr.slowdown_s = sum.slowdown_s * inv;
@@ -646,7 +717,7 @@ StepResult Simulation::run() {
       cs.total_s = sum.comm[k].total_s * inv;
       cs.exposed_s = sum.comm[k].exposed_s * inv;
       cs.bytes = sum.comm[k].bytes * inv;
-      cs.operations = count > 0 ? sum.comm[k].operations / count : 0;
+      cs.operations = count > 0 ? sum.comm[k].operations / count : 0.0;
       sr.comm[names[k]] = cs;
     }
     sr.memory = stage_memory(e, s);
@@ -658,7 +729,7 @@ StepResult Simulation::run() {
       tot.total_s += sr.comm[names[k]].total_s / static_cast<double>(l.pp);
       tot.exposed_s += sr.comm[names[k]].exposed_s / static_cast<double>(l.pp);
       tot.bytes += sr.comm[names[k]].bytes / static_cast<double>(l.pp);
-      tot.operations += sr.comm[names[k]].operations / l.pp;
+      tot.operations += sr.comm[names[k]].operations / static_cast<double>(l.pp);
     }
     res.stages.push_back(std::move(sr));
   }

@@ -4,12 +4,17 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "models/path_problem.hpp"
+#include "models/yaml_text.hpp"
+#include "reports/terminal_text.hpp"
 #include "sim/engine.hpp"
 
 namespace dtsim {
@@ -23,12 +28,22 @@ std::vector<std::string> yaml_files(const std::vector<std::string>& paths) {
   for (const auto& p : paths) {
     std::error_code ec;
     if (fs::is_directory(p, ec)) {
-      for (const auto& entry : fs::recursive_directory_iterator(p))
-        if (entry.is_regular_file() && entry.path().extension() == ".yaml") out.push_back(entry.path().string());
-    } else if (fs::is_regular_file(p, ec)) {
+      // Directory symlinks are not followed (no cycles); a .yaml entry that cannot be read
+      // (a symlink loop, a dangling link) is an error naming it, not a skipped file.
+      fs::recursive_directory_iterator it(p, ec), end;
+      for (; !ec && it != end; it.increment(ec)) {
+        if (it->path().extension() != ".yaml") continue;
+        std::error_code fec;
+        if (it->is_directory(fec)) continue;
+        if (auto why = input_path_problem(it->path().string()))
+          throw InputError(it->path().string() + ": cannot read experiment file: " + *why);
+        out.push_back(it->path().string());
+      }
+      if (ec) throw InputError(p + ": cannot list the directory: " + ec.message());
+    } else if (auto why = input_path_problem(p); !why) {
       out.push_back(p);
     } else {
-      throw InputError(p + ": no such file or directory");
+      throw InputError(p + ": " + (*why == "no such file" ? std::string("no such file or directory") : *why));
     }
   }
   std::sort(out.begin(), out.end());
@@ -45,7 +60,10 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
     // plan files (and experiments without one) are skipped.
     bool published = false;
     try {
-      const YAML::Node top = YAML::LoadFile(file);
+      std::ifstream in(file, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      const YAML::Node top = load_yaml_document(text.str(), file);  // InputError: one document, clear messages
       published = top.IsMap() && top["published"] && top["model"] && top["layout"];
     } catch (const YAML::Exception& ex) {
       throw InputError(file + ": not valid YAML: " + ex.what());
@@ -100,7 +118,7 @@ std::string format_validation(const ValidationReport& rep) {
   fmt::format_to(out, "{:<52} {:<24} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "experiment", "metric", "published",
                  "simulated", "error", "MFU pub", "MFU sim");
   for (const auto& r : rep.rows) {
-    const std::string name = fs::path(r.file).stem().string();
+    const std::string name = printable(fs::path(r.file).stem().string());
     fmt::format_to(out, "{:<52} {:<24} {:>10.2f} {:>10.2f} {:>+7.1f}% {:>8} {:>7.1f}%\n", name, r.metric, r.published,
                    r.simulated, r.error_pct,
                    r.published_mfu > 0 ? fmt::format("{:.1f}%", 100 * r.published_mfu) : std::string("-"),

@@ -13,6 +13,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "models/errors.hpp"
+#include "models/input_files.hpp"
+#include "models/yaml_text.hpp"
 
 namespace dtsim::calib {
 
@@ -354,6 +356,7 @@ class Parser {
 ComputeProfile ComputeProfile::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot read compute profile (no such file or not readable)");
+  note_input_file(path);
   std::stringstream ss;
   ss << in.rdbuf();
   return parse(ss.str(), path);
@@ -362,7 +365,7 @@ ComputeProfile ComputeProfile::load(const std::string& path) {
 ComputeProfile ComputeProfile::parse(const std::string& text, const std::string& file) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    root = load_yaml_document(text, file);  // one document; clear messages (models/yaml_text.hpp)
   } catch (const YAML::Exception& e) {
     throw InputError(file + ": not valid YAML: " + e.what());
   }

@@ -417,7 +417,7 @@ struct Interpreter::Impl {
   std::vector<std::set<int>> stage_layers;                       // layers each stage's ops use
   std::vector<std::set<int>> gathered_layers;  // layers a per-layer dp_param_allgather gathers
   std::vector<std::map<int, std::pair<int, int>>> chunk_layers;  // [stage] chunk -> first, last layer
-  bool per_mb_reduce = false;  // gradients reduced per micro-batch (ZeRO-3, reduce_every_micro_batch)
+  bool per_mb_reduce = false;  // gradients reduced per micro-batch (ZeRO-2/3, reduce_every_micro_batch)
   // Gradient writes by op identity: [stage][op index] -> params written (static_writes),
   // and [stage][param][mb] -> index of the last op writing that gradient.
   std::vector<std::vector<std::vector<int>>> writes_at;
@@ -472,7 +472,7 @@ struct Interpreter::Impl {
     sp = l.sequence_parallel && t > 1;
     zero = l.zero_stage;
     grad_bytes = static_cast<double>(plan.shape.grad_bytes_per_param);
-    per_mb_reduce = zero == 3 || plan.exp.training.reduce_every_micro_batch;
+    per_mb_reduce = grad_sync_policy(plan.exp).every_micro_batch;  // ZeRO-2/3, reduce_every_micro_batch
     if (sl * cp != S) throw InputError("verify: plan tokens_local * cp != seq_len");
     if (static_cast<int64_t>(plan.stages.size()) != pp) throw InputError("verify: plan has not pp stages");
     epoch.assign(sz(pp), 0);

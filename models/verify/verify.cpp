@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/plan.hpp"
 #include "models/verify/interpreter.hpp"
@@ -268,10 +269,26 @@ void check_steps(const VerifyOptions& o) {
   if (o.steps < 1) throw InputError("--steps " + std::to_string(o.steps) + " must be >= 1");
 }
 
+/// Every rank's tensors and records live in this process, so memory and time grow with the
+/// ranks: refuse a world above kMaxVerifyRanks before allocating any.
+void check_world(const Experiment& e) {
+  const Layout& l = e.layout;
+  const auto world = checked::product({l.dp, l.tp, l.cp, l.pp});
+  if (!world || *world > kMaxVerifyRanks)
+    throw InputError(e.source + ": layout.dp x tp x cp x pp = " + std::to_string(l.dp) + " x " + std::to_string(l.tp) +
+                     " x " + std::to_string(l.cp) + " x " + std::to_string(l.pp) + " = " +
+                     (world ? checked::with_commas(*world) : std::string("more than 2^63")) +
+                     " ranks: dtsim verify runs at most " + checked::with_commas(kMaxVerifyRanks) +
+                     " (it holds every rank's tensors in one process, about 200 KB per rank: " +
+                     checked::with_commas(kMaxVerifyRanks) +
+                     " ranks take about 3 GB and minutes); verify a smaller dp with the same tp, cp and pp");
+}
+
 }  // namespace
 
 VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o) {
   check_steps(o);
+  check_world(e);
   const Experiment shrunk = shrink_experiment(e);
   const std::string why = injection_inapplicable(o.inject, shrunk);
   if (!why.empty())
@@ -286,6 +303,7 @@ VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o) {
 
 VerifyReport verify_plan(const StepPlan& plan, const VerifyOptions& o) {
   check_steps(o);
+  check_world(plan.exp);
   const std::string why = injection_inapplicable(o.inject, plan.exp);
   if (!why.empty()) throw InputError("--inject " + std::string(to_string(o.inject)) + " cannot show on this layout: it " + why);
   const TinyModel model(plan.exp);

@@ -129,6 +129,13 @@ struct VerifyReport {
 inline constexpr double kTolValues = 1e-10;
 inline constexpr double kTolParams = 1e-8;
 
+/// The most ranks (dp x tp x cp x pp) verify runs. Every rank's tensors and records are
+/// held in this process: measured peak memory grows by about 200 KB per rank (shrunk
+/// Llama 3 8B, tp 2: 512 ranks 300 MB, 2,048 ranks 580 MB; at 131,072 ranks the kernel
+/// killed it at 24 GB) and time by about 5 ms per rank, so 16,384 ranks (the largest
+/// shipped experiment, experiments/scale/llama3-405b-16k-h100.yaml) need about 3 GB.
+inline constexpr int64_t kMaxVerifyRanks = 16'384;
+
 /// Shrinks `e` (shrink_experiment), builds its step plan with build_step_plan, runs it for
 /// `o.steps` steps next to the single-device reference and reports every rule. Throws
 /// InputError when the experiment is invalid or the injection cannot show on this layout.

@@ -121,8 +121,8 @@ int check_layer(const CalibrateOptions& o, Experiment exp) {
 
 int calibrate_command(const CalibrateOptions& o) {
   require_input_file(o.experiment);
-  if (!o.out.empty()) require_output_dir(o.out, "--out");
   const Experiment exp = load_experiment(o.experiment, o.sets);
+  if (!o.out.empty()) require_output_file(o.out, "--out", false);
   if (!o.check_profile.empty()) return check_layer(o, exp);
   if (o.out.empty() && !o.list) throw InputError("dtsim calibrate: --out FILE.yaml is required (or give --list)");
   std::vector<calib::KernelSpec> kernels = calib::derive_kernels(exp);
@@ -143,7 +143,7 @@ int calibrate_command(const CalibrateOptions& o) {
   prof.date = utc_now();
   prof.note = "measured by dtsim calibrate for " + o.experiment;
   prof.fit_models();
-  write_file_atomic(o.out, prof.to_yaml());
+  write_output_file(o.out, prof.to_yaml(), "--out", false);
   std::cout << fmt::format("profile of {} ({} kernels) written to {}\n", prof.device.name, prof.measurements.size(),
                            o.out);
   return kExitOk;

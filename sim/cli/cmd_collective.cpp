@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "sim/cli/commands.hpp"
@@ -78,6 +79,14 @@ double parse_size(const std::string& text, const std::string& option) {
 ClusterSpec preset_cluster(const CollectiveOptions& o) {
   const NodePreset& n = node_preset(o.cluster);  // InputError listing the presets
   ClusterSpec c = cluster_of(n, 0);
+  if (o.nodes > 0) {
+    const auto gpus = checked::mul(o.nodes, n.gpus_per_node);
+    if (!gpus || *gpus > limits::kMaxGpus)
+      throw InputError(fmt::format("--nodes {} x {} GPUs per node ({}) = {} exceeds the {}-GPU limit ({})", o.nodes,
+                                   n.gpus_per_node, n.name,
+                                   gpus ? checked::with_commas(*gpus) : std::string("more than 2^63"),
+                                   checked::with_commas(limits::kMaxGpus), limits::kMaxGpusWhy));
+  }
   if (o.nodes > 0) c.nodes = o.nodes;
   else if (o.gpus > 0) c.nodes = (o.gpus + n.gpus_per_node - 1) / n.gpus_per_node;
   else throw InputError("--cluster " + o.cluster + ": give --gpus or --nodes (a preset names one node)");
@@ -101,6 +110,18 @@ int collective_command(const CollectiveOptions& o) {
   const double min_b = parse_size(o.min_bytes, "--min-bytes"), max_b = parse_size(o.max_bytes, "--max-bytes");
   if (max_b < min_b) throw InputError("--max-bytes " + o.max_bytes + " is below --min-bytes " + o.min_bytes);
   if (!(o.factor > 1)) throw InputError("--factor " + fmt::format("{}", o.factor) + " must be > 1");
+  // Each size is one simulated collective: refuse a sweep longer than the stated limit
+  // before simulating any (a factor near 1 used to run for ever).
+  const double n_sizes = std::floor(std::log(max_b / min_b) / std::log(o.factor) + 1e-9) + 1;
+  if (!(n_sizes <= static_cast<double>(limits::kMaxCollectiveSizes)))
+    throw InputError(fmt::format("--factor {} gives {:.4g} sizes from --min-bytes {} to --max-bytes {}: more than the "
+                                 "{}-size limit (each size is one simulated collective; nccl-tests' default sweep, "
+                                 "-b 8 -e 8G -f 2, has 31); raise --factor or narrow the range",
+                                 o.factor, n_sizes, o.min_bytes, o.max_bytes,
+                                 checked::with_commas(limits::kMaxCollectiveSizes)));
+  if (o.gpus > limits::kMaxGpus)
+    throw InputError("--gpus " + std::to_string(o.gpus) + " exceeds the " + checked::with_commas(limits::kMaxGpus) +
+                     "-GPU limit (" + limits::kMaxGpusWhy + ")");
 
   ClusterSpec cluster;
   // A path (an existing file, or anything that looks like one) names an experiment file.
@@ -125,7 +146,7 @@ int collective_command(const CollectiveOptions& o) {
   const bool split = *op == CollOp::ReduceScatter || *op == CollOp::AllGather || *op == CollOp::AllToAll;
   std::vector<double> sizes;
   std::vector<int64_t> counts;
-  for (double s = min_b; s <= max_b * (1 + 1e-12); s *= o.factor) {
+  for (double s = min_b; s <= max_b * (1 + 1e-12) && sizes.size() <= static_cast<size_t>(n_sizes); s *= o.factor) {
     int64_t count = static_cast<int64_t>(std::floor(s / type_size));
     if (split) count -= count % n;
     if (count <= 0) continue;

@@ -47,11 +47,7 @@ std::string text_table(const ReportTable& t) {
 int compare_command(const CompareOptions& o) {
   require_input_file(o.spec);
   const SweepSpec spec = load_sweep_spec(o.spec, SpecKind::compare);
-  if (!o.out.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.out, ec);
-    if (!std::filesystem::is_directory(o.out, ec)) throw InputError("--out " + o.out + ": cannot create the directory");
-  }
+  if (!o.out.empty()) prepare_output_dir(o.out, "--out");  // created with its parents
   const auto entries = sweep::run_compare(spec, o.jobs, !o.quiet);
   const ReportTable table = sweep::compare_table(entries);
   if (!o.out.empty()) {

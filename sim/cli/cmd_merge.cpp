@@ -9,6 +9,7 @@
 
 #include "models/errors.hpp"
 #include "models/sweep_spec.hpp"
+#include "reports/atomic_file.hpp"
 #include "sim/cli/commands.hpp"
 #include "sim/sweep/runner.hpp"
 
@@ -31,9 +32,12 @@ int merge_command(const MergeOptions& o) {
   if (spec.fingerprint != m.fingerprint)
     throw InputError(m.spec_path + ": changed since the shards ran (fingerprint " + spec.fingerprint + ", shards " +
                      m.fingerprint + "): run the sweep again");
+  prepare_output_dir(o.out, "--out");  // created with its parents
+  // Writing into a shard would replace that shard's own results.
   std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  if (!std::filesystem::is_directory(o.out, ec)) throw InputError("--out " + o.out + ": cannot create the directory");
+  for (const auto& d : o.shards)
+    if (std::filesystem::equivalent(d, o.out, ec))
+      throw InputError("--out " + o.out + ": is the shard directory " + d + " (choose a new directory)");
   sweep::write_outputs(spec, outcome, o.out);
   if (!o.quiet)
     std::cout << fmt::format("dtsim merge: {} shards, {} layouts, {} re-simulated -> {}\n", o.shards.size(),

@@ -31,11 +31,7 @@ struct PlanOptions {
 int plan_command(const PlanOptions& o) {
   require_input_file(o.spec);
   const PlanSpec spec = load_plan_spec(o.spec);
-  if (!o.out.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.out, ec);
-    if (!std::filesystem::is_directory(o.out, ec)) throw InputError("--out " + o.out + ": cannot create the directory");
-  }
+  if (!o.out.empty()) prepare_output_dir(o.out, "--out");  // created with its parents
   const sweep::PlanOutcome out = sweep::run_plan(spec, o.jobs, !o.quiet);
   const ReportTable table = sweep::plan_table(spec, out);
   if (!o.out.empty()) {

@@ -1,4 +1,5 @@
 // dtsim run EXP.yaml [--set key=value]... [--json FILE] [--trace FILE] [--show-groups] [--no-fold] [--quiet]
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -7,9 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/experiment.hpp"
 #include "models/experiment_io.hpp"
+#include "models/path_problem.hpp"
+#include "models/plan.hpp"
 #include "models/rank_grid.hpp"
 #include "reports/atomic_file.hpp"
 #include "reports/json.hpp"
@@ -29,17 +33,12 @@ void add_set_option(CLI::App* cmd, std::vector<std::string>& sets, const std::st
 }
 
 void require_input_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw InputError(path + ": cannot read input file: " +
-                     (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
+  // "no such file", "a symlink loop (...)", "a directory, not a file", ...
+  if (auto why = input_path_problem(path)) throw InputError(path + ": cannot read input file: " + *why);
 }
 
-void require_output_dir(const std::string& path, const std::string& option) {
-  std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-    throw InputError(option + " " + path + ": directory " + dir.string() + " does not exist");
+void require_output_file(const std::string& path, const std::string& option, bool allow_stdout) {
+  check_output_file(path, option, allow_stdout);
 }
 
 // ------------------------------------------------------------------------ dtsim run --
@@ -57,26 +56,51 @@ struct RunOptions {
 
 int run_command(const RunOptions& o) {
   require_input_file(o.experiment);
-  if (!o.json_path.empty()) require_output_dir(o.json_path, "--json");  // fail before a long run
-  if (!o.trace_path.empty()) require_output_dir(o.trace_path, "--trace");
-
+  if (o.json_path == "-" && o.trace_path == "-")
+    throw InputError("--json - --trace -: only one output can go to standard output");
   const Experiment exp = load_experiment(o.experiment, o.sets);
+  if (o.no_fold) {
+    // Unfolded, every rank runs its stage's plan: ranks per stage x the plan's ops.
+    const Layout& l = exp.layout;
+    const auto ops = checked::mul(checked::product({l.dp, l.tp, l.cp}).value_or(INT64_MAX), plan_op_bound(exp));
+    if (!ops || *ops > limits::kMaxPlanOps)
+      throw InputError(o.experiment + ": --no-fold simulates every rank: layout.dp x tp x cp = " +
+                       checked::with_commas(l.dp * l.tp * l.cp) + " ranks per stage x up to " +
+                       checked::with_commas(plan_op_bound(exp)) + " plan operations is above the " +
+                       checked::with_commas(limits::kMaxPlanOps) + "-operation limit (" + limits::kMaxPlanOpsWhy +
+                       "); run without --no-fold (one rank per stage)");
+  }
+  // Fail before a long run (the input files are known now; the writes check again).
+  if (!o.json_path.empty()) require_output_file(o.json_path, "--json", true);
+  if (!o.trace_path.empty()) require_output_file(o.trace_path, "--trace", true);
+  // With `--json -` or `--trace -` standard output holds only that file; the text goes to stderr.
+  std::ostream& text = o.json_path == "-" || o.trace_path == "-" ? std::cerr : std::cout;
   if (o.show_groups) {
-    std::cout << describe_groups(RankGrid(exp.layout), exp.cluster.gpus_per_node);
-    std::cout.flush();
+    text << describe_groups(RankGrid(exp.layout), exp.cluster.gpus_per_node);
+    text.flush();
   }
   Trace trace;
   const StepResult result =
       simulate_step(exp, EngineOptions{.fold = !o.no_fold, .trace = o.trace_path.empty() ? nullptr : &trace});
-  if (!o.json_path.empty()) write_file_atomic(o.json_path, result_json_text(result));
-  if (!o.trace_path.empty()) write_trace(o.trace_path, trace);
+  if (!o.json_path.empty()) write_output_file(o.json_path, result_json_text(result), "--json", true);
+  if (!o.trace_path.empty()) write_output_file(o.trace_path, trace_to_json(trace).dump(), "--trace", true);
   if (!o.quiet) {
-    std::cout << format_summary(exp, result);
-    if (result.wall_clock_s > 0) std::cout << fmt::format("\n  simulated in {} (host)\n", format_duration(result.wall_clock_s));
-    if (!o.json_path.empty()) std::cout << fmt::format("  JSON written to {}\n", o.json_path);
-    if (!o.trace_path.empty())
-      std::cout << fmt::format("  trace written to {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
+    text << format_summary(exp, result);
+    if (result.wall_clock_s > 0) text << fmt::format("\n  simulated in {} (host)\n", format_duration(result.wall_clock_s));
+    if (!o.json_path.empty() && o.json_path != "-") text << fmt::format("  JSON written to {}\n", o.json_path);
+    if (!o.trace_path.empty() && o.trace_path != "-")
+      text << fmt::format("  trace written to {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
                                o.trace_path);
+  }
+  // A layout that does not fit is a result, not an input error: the outputs are written,
+  // and the exit code says so (README "Exit codes").
+  const auto oom = std::count_if(result.stages.begin(), result.stages.end(),
+                                 [](const StageResult& s) { return !s.memory.fits; });
+  if (oom > 0) {
+    if (o.quiet)  // the summary, which carries the warning, was not printed
+      std::cerr << fmt::format("warning: {} of {} pipeline stage{} exceed GPU memory (OOM)\n", oom,
+                               result.stages.size(), result.stages.size() == 1 ? "" : "s");
+    return kExitDoesNotFit;
   }
   return kExitOk;
 }
@@ -91,10 +115,13 @@ Command add_run_command(CLI::App& app) {
       ->required()
       ->type_name("EXP.yaml");
   add_set_option(run, o.sets);
-  run->add_option("--json", o.json_path, "Also write the full result as JSON to FILE (atomically)")->type_name("FILE");
+  run->add_option("--json", o.json_path,
+                  "Also write the full result as JSON to FILE (atomically; - for standard output, the summary then "
+                  "goes to stderr)")
+      ->type_name("FILE");
   run->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of the step to FILE (one process per simulated rank, one "
-                  "thread per stream)")
+                  "thread per stream; - for standard output)")
       ->type_name("FILE");
   run->add_flag("--show-groups", o.show_groups, "Print every TP/CP/DP/PP rank group before simulating");
   run->add_flag("--no-fold", o.no_fold, "Simulate every rank instead of one per pipeline stage (slower)");

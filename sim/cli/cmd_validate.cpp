@@ -1,4 +1,6 @@
 // dtsim validate [PATH]... [--max-mape PCT] [--max-row PCT]
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -6,12 +8,24 @@
 
 #include <fmt/format.h>
 
+#include "models/errors.hpp"
 #include "sim/cli/commands.hpp"
 #include "sim/validate.hpp"
 
 namespace dtsim::cli {
 
 namespace {
+// A tolerance is a percentage >= 0: a negative one could never pass and is a usage error.
+const CLI::Validator kNonNegativePercent(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !std::isfinite(x)) return "Value " + v + " is not a number";
+      if (x < 0) return "Value " + v + " must be a non-negative percentage";
+      return std::string();
+    },
+    "PCT >= 0");
+
 struct ValidateOptions {
   std::vector<std::string> paths{"experiments"};
   double max_mape = 15.0;
@@ -27,12 +41,24 @@ Command add_validate_command(CLI::App& app) {
       ->type_name("PATH...");
   cmd->add_option("--max-mape", o->max_mape, "Fail (exit 3) when the mean absolute percentage error exceeds PCT")
       ->type_name("PCT")
-      ->default_val(15.0);
+      ->default_val(15.0)
+      ->check(kNonNegativePercent);
   cmd->add_option("--max-row", o->max_row, "Fail (exit 3) when any experiment's error exceeds PCT")
       ->type_name("PCT")
-      ->default_val(30.0);
+      ->default_val(30.0)
+      ->check(kNonNegativePercent);
   return {cmd, [o] {
             const ValidationReport rep = validate_experiments(o->paths);
+            // Nothing compared is not a pass: the paths hold no published run.
+            if (rep.rows.empty()) {
+              std::string paths;
+              for (const auto& p : o->paths) paths += (paths.empty() ? "" : " ") + p;
+              throw InputError(paths + ": no experiment with a published: section (step_time_s, tflops_per_gpu or mfu) "
+                               "to compare against" +
+                               (rep.skipped.empty() ? std::string(" (no .yaml files found)")
+                                                    : " (" + std::to_string(rep.skipped.size()) +
+                                                          (rep.skipped.size() == 1 ? " .yaml file without one)" : " .yaml files without one)")));
+            }
             std::cout << format_validation(rep);
             const bool ok = rep.mape_pct <= o->max_mape && rep.worst_pct <= o->max_row;
             if (!ok)

@@ -35,15 +35,16 @@ struct VerifyOptionsCli {
 
 int verify_command(const VerifyOptionsCli& o) {
   require_input_file(o.experiment);
-  if (!o.json_path.empty()) require_output_dir(o.json_path, "--json");
   const Experiment exp = load_experiment(o.experiment, o.sets);
+  if (!o.json_path.empty()) require_output_file(o.json_path, "--json", true);
   verify::VerifyOptions vo;
   vo.inject = verify::parse_injection(o.inject);
   vo.steps = o.steps;
   vo.threads = o.threads;
   const verify::VerifyReport rep = verify::verify_experiment(exp, vo);
-  if (!o.json_path.empty()) write_file_atomic(o.json_path, verify_report_json_text(rep));
-  if (!o.quiet) std::cout << format_verify_report(rep);
+  if (!o.json_path.empty()) write_output_file(o.json_path, verify_report_json_text(rep), "--json", true);
+  // With `--json -` standard output holds only the JSON; the text goes to stderr.
+  if (!o.quiet) (o.json_path == "-" ? std::cerr : std::cout) << format_verify_report(rep);
   return rep.passed() ? kExitOk : kExitRuleFailed;
 }
 
@@ -65,7 +66,8 @@ Command add_verify_command(CLI::App& app) {
                   "Threads for the pipeline stages and the reference step (default 0: the machine's hardware "
                   "threads); the report is the same for every value")
       ->check(CLI::Range(0, 256));
-  cmd->add_option("--json", o.json_path, "Also write the report as JSON to FILE (atomically)")->type_name("FILE");
+  cmd->add_option("--json", o.json_path, "Also write the report as JSON to FILE (atomically; - for standard output)")
+      ->type_name("FILE");
   cmd->add_flag("-q,--quiet", o.quiet, "Print no report (the exit code still tells)");
   return {cmd, [opts] { return verify_command(*opts); }};
 }

@@ -13,6 +13,9 @@ namespace dtsim::cli {
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitInput = 2;
+/// `dtsim run`: the step was simulated and its outputs written, but at least one pipeline
+/// stage needs more memory than the GPU has (the summary's OOM warning).
+constexpr int kExitDoesNotFit = 3;
 
 /// A subcommand: its CLI11 node and what runs when it was given. The options it parses
 /// into live in the closure.
@@ -23,8 +26,9 @@ struct Command {
 
 /// Throws InputError naming `path` when it is not a readable regular file.
 void require_input_file(const std::string& path);
-/// Throws InputError when the directory that would hold `path` does not exist.
-void require_output_dir(const std::string& path, const std::string& option);
+/// Throws InputError when `path` may not be written (reports/atomic_file.hpp: a device,
+/// FIFO, directory, dangling link or input file; "-" unless `allow_stdout`).
+void require_output_file(const std::string& path, const std::string& option, bool allow_stdout);
 /// Adds the repeatable `--set KEY=VALUE` option (experiment key overrides) to `cmd`: one
 /// value per flag, so `--set a=1 EXP.yaml` leaves the file positional.
 void add_set_option(CLI::App* cmd, std::vector<std::string>& sets,

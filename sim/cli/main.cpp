@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "models/errors.hpp"
+#include "reports/terminal_text.hpp"
 #include "sim/cli/commands.hpp"
 
 #ifndef DTSIM_VERSION
@@ -36,11 +37,12 @@ int guarded(const std::function<int()>& f) {
   } catch (const InputError& e) {
     std::cout.flush();
     if (e.problems().empty()) std::cerr << "error: invalid input\n";
-    for (const auto& p : e.problems()) std::cerr << "error: " << p << '\n';
+    // Problems quote user text: no raw control characters on the terminal (one line each).
+    for (const auto& p : e.problems()) std::cerr << "error: " << dtsim::printable(p) << '\n';
     return kExitInput;
   } catch (const std::exception& e) {
     std::cout.flush();
-    std::cerr << "error: " << e.what() << '\n';
+    std::cerr << "error: " << dtsim::printable(e.what()) << '\n';
     return kExitFailure;
   }
 }

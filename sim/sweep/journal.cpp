@@ -1,6 +1,8 @@
 #include "sim/sweep/journal.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,6 +47,7 @@ void write_all(int fd, const std::string& data, const std::string& what) {
 }
 
 int open_append(const std::string& path) {
+  check_output_file(path);  // a regular file or a new name, never a FIFO or device
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error(path + ": cannot open for appending: " + std::strerror(errno));
   return fd;
@@ -152,6 +155,9 @@ std::string header_line(const JournalHeader& h) {
 }
 
 JournalContents read_journal(const std::string& path, bool truncate_partial) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw InputError(path + ": cannot read the sweep journal (not a regular file)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read the sweep journal (no such file)");
   std::ostringstream ss;
@@ -239,6 +245,54 @@ void JournalWriter::flush() {
   json_buf_.clear();
   csv_buf_.clear();
   buffered_ = 0;
+}
+
+// -------------------------------------------------------------------------- lock --
+
+std::string DirLock::path_in(const std::string& dir) { return dir + "/sweep.lock"; }
+
+DirLock::DirLock(const std::string& dir) {
+  const std::string path = path_in(dir);
+  // O_NOFOLLOW: the lock is this directory's own file, never a link to elsewhere.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) throw std::runtime_error(path + ": cannot open the sweep lock file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error(path + ": the sweep lock file is not a regular file");
+  }
+  int rc;
+  do rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    std::string holder;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    if (n > 0) {
+      std::string s(buf, static_cast<size_t>(n));
+      while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+      if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) holder = " (pid " + s + ")";
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw std::runtime_error("--out " + dir + ": another dtsim sweep" + holder +
+                               " is writing into this directory (it holds " + path +
+                               "); wait for it to finish or choose another directory");
+    throw std::runtime_error(path + ": cannot lock: " + std::strerror(err));
+  }
+  // The holder's pid, for the message of a refused second run.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    const ssize_t w = ::pwrite(fd_, pid.data(), pid.size(), 0);
+    (void)w;  // the pid is only for messages
+  }
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 }  // namespace dtsim::sweep

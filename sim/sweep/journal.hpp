@@ -58,4 +58,24 @@ class JournalWriter {
 
 std::string header_line(const JournalHeader& h);
 
+/// An exclusive lock on a sweep's output directory: flock(2) on DIR/sweep.lock, held from
+/// before the journal is looked at until the last output is written, so that a second
+/// `dtsim sweep` into the same directory (with or without --resume) is refused instead of
+/// appending every row twice. The kernel releases a flock when its holder dies, so a killed
+/// sweep leaves no stale lock (the file itself stays; it holds the last holder's pid).
+class DirLock {
+ public:
+  /// Throws std::runtime_error naming `dir` (and the holder's pid when the file has it) when
+  /// another process holds the lock, or when the lock file cannot be opened.
+  explicit DirLock(const std::string& dir);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  /// DIR/sweep.lock.
+  static std::string path_in(const std::string& dir);
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace dtsim::sweep

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "models/plan.hpp"
+
 namespace dtsim::sweep {
 
 namespace {
@@ -22,11 +24,13 @@ std::string secs(double s) {
 }  // namespace
 
 std::string layout_label(const Layout& l, int64_t mb) {
-  std::string s = fmt::format("DP{} TP{} CP{} PP{}", l.dp, l.tp, l.cp, l.pp);
+  // dp = 0: not resolved (tp*cp*pp does not divide the GPUs); "DP?" rather than "DP0".
+  std::string s = (l.dp > 0 ? fmt::format("DP{}", l.dp) : std::string("DP?")) +
+                  fmt::format(" TP{} CP{} PP{}", l.tp, l.cp, l.pp);
   if (l.vp > 1) s += fmt::format(" VP{}", l.vp);
   if (l.schedule == Schedule::gpipe) s += " GPipe";
   s += fmt::format(" ZeRO-{}", l.zero_stage);
-  if (l.sequence_parallel) s += " SP";
+  if (l.sequence_parallel && l.tp > 1) s += " SP";  // tp = 1: no TP group to split (summary: "off")
   s += std::string(" ") + to_string(l.recompute) + fmt::format(" mb{}", mb);
   return s;
 }
@@ -36,32 +40,48 @@ TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t 
   double p2p = 0;
   const auto passes = engine.stage_passes(l, mb, &p2p);
   const int64_t p = static_cast<int64_t>(passes.size());
-  const int64_t m_all = engine.base().training.global_batch / (mb * l.dp);
+  // The order is the one the engines simulate: each rank's compute ops in the step plan
+  // (models/plan.cpp schedule(): GPipe, 1F1B or Megatron's interleaved 1F1B), one entry per
+  // run of ops of one (direction, model chunk, micro-batch). Durations are analytic: a
+  // chunk is 1/v of the rank's pass.
+  const StepPlan plan = build_step_plan(engine.experiment(l, mb));
+  const int64_t m_all = plan.shape.micro_batches;
   const int64_t m = std::max<int64_t>(1, std::min(m_all, max_mb));
-  t.title = fmt::format("Pipeline schedule excerpt: first {} of {} micro-batches (1F1B order{}, analytic)", m, m_all,
-                        l.vp > 1 ? fmt::format(", {} chunks per rank merged", l.vp) : std::string());
+  const int64_t v = l.schedule == Schedule::interleaved ? std::max<int64_t>(1, l.vp) : 1;
+  const std::string order = l.schedule == Schedule::gpipe       ? std::string("GPipe")
+                            : l.schedule == Schedule::interleaved ? fmt::format("interleaved 1F1B ({} chunks per rank)", v)
+                                                                  : std::string("1F1B");
+  t.title = fmt::format("Pipeline schedule excerpt: first {} of {} micro-batches, {} order as simulated (analytic "
+                        "durations)", m, m_all, order);
   t.x_label = "seconds from step start";
   for (int64_t s = 0; s < p; ++s) t.lanes.push_back(fmt::format("stage {}", s));
-  // Per rank: the 1F1B op sequence; list-schedule until every op is placed.
   struct OpRef {
     bool fwd;
-    int64_t mb;
+    int64_t chunk, mb;
   };
   std::vector<std::vector<OpRef>> seq(static_cast<size_t>(p));
-  for (int64_t s = 0; s < p; ++s) {
-    const int64_t warm = std::min(p - s - 1, m);
-    int64_t f = 0, b = 0;
-    for (; f < warm; ++f) seq[static_cast<size_t>(s)].push_back({true, f});
-    for (; f < m; ++f) {
-      seq[static_cast<size_t>(s)].push_back({true, f});
-      seq[static_cast<size_t>(s)].push_back({false, b++});
+  for (const StagePlan& sp : plan.stages) {
+    if (sp.stage < 0 || sp.stage >= p) continue;
+    auto& q = seq[static_cast<size_t>(sp.stage)];
+    for (const Op& op : sp.ops) {
+      if (op.type != OpType::compute || op.micro_batch < 0 || op.phase == Phase::optimizer) continue;
+      const OpRef r{op.phase == Phase::forward, std::clamp<int64_t>(op.chunk, 0, v - 1), op.micro_batch};
+      if (r.mb >= m_all) continue;
+      if (!q.empty() && q.back().fwd == r.fwd && q.back().chunk == r.chunk && q.back().mb == r.mb) continue;
+      q.push_back(r);
     }
-    for (; b < m; ++b) seq[static_cast<size_t>(s)].push_back({false, b});
   }
-  std::vector<std::vector<double>> fend(static_cast<size_t>(p), std::vector<double>(static_cast<size_t>(m), -1)),
+  // List-schedule every rank's order until every op is placed. Virtual stage c p + s runs
+  // chunk c on rank s; a forward needs the previous virtual stage's forward, a backward the
+  // next one's backward (the last one: its own forward); a message between ranks takes p2p.
+  const int64_t nv = p * v;
+  std::vector<std::vector<double>> fend(static_cast<size_t>(nv), std::vector<double>(static_cast<size_t>(m_all), -1)),
       bend = fend;
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> free(static_cast<size_t>(p), 0.0);
+  auto at = [](std::vector<std::vector<double>>& a, int64_t vs, int64_t i) -> double& {
+    return a[static_cast<size_t>(vs)][static_cast<size_t>(i)];
+  };
   bool progress = true;
   while (progress) {
     progress = false;
@@ -70,32 +90,36 @@ TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t 
       size_t& i = next[static_cast<size_t>(s)];
       while (i < q.size()) {
         const OpRef op = q[i];
-        double ready;
+        const int64_t vs = op.chunk * p + s;
+        double ready = 0;
         if (op.fwd) {
-          if (s == 0) ready = 0;
-          else if (fend[static_cast<size_t>(s - 1)][static_cast<size_t>(op.mb)] < 0) break;
-          else ready = fend[static_cast<size_t>(s - 1)][static_cast<size_t>(op.mb)] + p2p;
-        } else {
-          if (s == p - 1) {
-            if (fend[static_cast<size_t>(s)][static_cast<size_t>(op.mb)] < 0) break;
-            ready = fend[static_cast<size_t>(s)][static_cast<size_t>(op.mb)];
-          } else if (bend[static_cast<size_t>(s + 1)][static_cast<size_t>(op.mb)] < 0) {
-            break;
-          } else {
-            ready = bend[static_cast<size_t>(s + 1)][static_cast<size_t>(op.mb)] + p2p;
+          if (vs > 0) {
+            if (at(fend, vs - 1, op.mb) < 0) break;
+            ready = at(fend, vs - 1, op.mb) + p2p;
           }
+        } else if (vs == nv - 1) {
+          if (at(fend, vs, op.mb) < 0) break;
+          ready = at(fend, vs, op.mb);
+        } else {
+          if (at(bend, vs + 1, op.mb) < 0) break;
+          ready = at(bend, vs + 1, op.mb) + p2p;
         }
         const double start = std::max(ready, free[static_cast<size_t>(s)]);
-        const double dur = op.fwd ? passes[static_cast<size_t>(s)].forward_s : passes[static_cast<size_t>(s)].backward_s;
-        (op.fwd ? fend : bend)[static_cast<size_t>(s)][static_cast<size_t>(op.mb)] = start + dur;
+        const double dur =
+            (op.fwd ? passes[static_cast<size_t>(s)].forward_s : passes[static_cast<size_t>(s)].backward_s) /
+            static_cast<double>(v);
+        at(op.fwd ? fend : bend, vs, op.mb) = start + dur;
         free[static_cast<size_t>(s)] = start + dur;
-        TimelineChart::Event e;
-        e.lane = static_cast<int>(s);
-        e.start = start;
-        e.duration = dur;
-        e.kind = op.fwd ? "forward" : "backward";
-        e.label = fmt::format("stage {} {} micro-batch {}: {}", s, e.kind, op.mb, secs(dur));
-        t.events.push_back(std::move(e));
+        if (op.mb < m) {
+          TimelineChart::Event e;
+          e.lane = static_cast<int>(s);
+          e.start = start;
+          e.duration = dur;
+          e.kind = op.fwd ? "forward" : "backward";
+          e.label = v > 1 ? fmt::format("stage {} {} chunk {} micro-batch {}: {}", s, e.kind, op.chunk, op.mb, secs(dur))
+                          : fmt::format("stage {} {} micro-batch {}: {}", s, e.kind, op.mb, secs(dur));
+          t.events.push_back(std::move(e));
+        }
         ++i;
         progress = true;
       }

@@ -17,12 +17,14 @@
 
 namespace dtsim::sweep {
 
-/// "DP4 TP8 CP1 PP4 VP2 ZeRO-1 SP selective mb1".
+/// "DP4 TP8 CP1 PP4 VP2 ZeRO-1 SP selective mb1" (SP only with TP > 1; "DP?" while dp is unresolved).
 std::string layout_label(const Layout& l, int64_t micro_batch);
 
-/// The pipeline schedule of the first micro-batches of a layout (1F1B order per rank,
-/// forward after the previous rank's forward + one message, backward after the next rank's
-/// backward + one message). At most `max_micro_batches` micro-batches.
+/// The pipeline schedule of the first micro-batches of a layout, in the order the engines
+/// simulate it (each rank's compute order in the step plan: GPipe, 1F1B or interleaved
+/// 1F1B), forward after the previous virtual stage's forward + one message, backward after
+/// the next one's backward + one message, analytic durations. The whole step is scheduled;
+/// the events of the first `max_micro_batches` micro-batches are drawn.
 TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t micro_batch, int64_t max_micro_batches);
 
 /// Memory per pipeline stage (params, grads, optimizer, activations, other; GiB) of a result.

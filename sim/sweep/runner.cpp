@@ -119,10 +119,9 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     throw InputError(fmt::format("--shard {}/{}: expected 0 <= i < N", opts.shard_index, opts.shard_count));
   std::error_code ec;
   const fs::path dir(opts.out_dir);
-  if (!dir.parent_path().empty() && !fs::is_directory(dir.parent_path(), ec) && !fs::is_directory(dir, ec))
-    throw InputError("--out " + opts.out_dir + ": directory " + dir.parent_path().string() + " does not exist");
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir, ec)) throw InputError("--out " + opts.out_dir + ": cannot create the directory");
+  prepare_output_dir(opts.out_dir, "--out");  // created with its parents (the README's Slurm recipe)
+  // Before the journal is looked at: a second sweep into this directory stops here.
+  auto lock = std::make_shared<DirLock>(opts.out_dir);
 
   const std::vector<LayoutPoint> all = enumerate_layouts(spec);
   std::vector<const LayoutPoint*> points;
@@ -162,6 +161,7 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   }
 
   Outcome out;
+  out.lock = lock;
   out.points = static_cast<int64_t>(points.size());
   out.resumed_rows = static_cast<int64_t>(existing.size());
   std::map<int64_t, SweepRow> analytic, simgrid;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,12 @@ struct RunOptions {
   std::function<void(int64_t rows_done)> on_flush;
 };
 
+class DirLock;
+
 struct Outcome {
+  /// The output directory's lock (sim/sweep/journal.hpp), held by run_sweep's outcome until
+  /// it is destroyed, so that write_outputs runs under it too; empty for merge_shards.
+  std::shared_ptr<DirLock> lock;
   std::vector<SweepRow> analytic;  // one per point of the shard, by id
   std::vector<SweepRow> simgrid;   // refined points, by id
   int64_t points = 0;              // points of the shard

@@ -246,12 +246,13 @@ ReportData compare_report(const SweepSpec& spec, const std::vector<StudyEntry>& 
     if (peak) {
       mem.values.push_back({peak->params_bytes / kGiB, peak->grads_bytes / kGiB, peak->optimizer_bytes / kGiB,
                             peak->activations_bytes / kGiB, peak->other_bytes / kGiB});
-      mem.limit = std::max(mem.limit, peak->capacity_bytes / kGiB);
+      mem.bar_limits.push_back(peak->capacity_bytes / kGiB);  // this cluster's own GPU
     } else {
       mem.values.push_back({0, 0, 0, 0, 0});
+      mem.bar_limits.push_back(0);
     }
   }
-  mem.limit_label = "largest HBM capacity (minus reserve)";
+  mem.limit_label = "HBM capacity (minus reserve)";
   par.line = pareto_front(all);
   r.scatters.push_back(thr);
   r.scatters.push_back(par);
@@ -305,11 +306,18 @@ PlanOutcome run_plan(const PlanSpec& spec, int jobs, bool progress) {
   }
   o.chosen_feasible = o.chosen >= 0;
   if (o.chosen < 0) {
-    // Nothing meets the constraint: show the closest (fastest; within the budget when given).
+    // Nothing meets the constraint: show the closest one. Deadline: the fastest (nearest
+    // the deadline). GPU budget: the fewest GPUs (nearest the budget), then the fastest.
+    auto closer = [&](const PlanOption& a, const PlanOption& b) {
+      if (spec.deadline_s <= 0 && a.entry.chosen.gpus != b.entry.chosen.gpus)
+        return a.entry.chosen.gpus < b.entry.chosen.gpus;
+      if (a.days != b.days) return a.days < b.days;
+      return a.usd < b.usd;
+    };
     for (size_t i = 0; i < o.options.size(); ++i) {
       const auto& x = o.options[i];
       if (!x.entry.ok) continue;
-      if (o.chosen < 0 || x.days < o.options[static_cast<size_t>(o.chosen)].days) o.chosen = static_cast<int64_t>(i);
+      if (o.chosen < 0 || closer(x, o.options[static_cast<size_t>(o.chosen)])) o.chosen = static_cast<int64_t>(i);
     }
   }
   if (o.chosen < 0) return o;

@@ -7,7 +7,8 @@
 // plan: for every candidate GPU type and node count, the best layout (as compare with a
 //   space); days = tokens / (tokens/s) / 86400, GPU-hours = GPUs x days x 24, cost = GPU-hours x
 //   price. With a deadline the cheapest option that meets it wins (ties: fewer GPUs); with a
-//   GPU budget the fastest within it (ties: cheaper). Sensitivity: the chosen option with the
+//   GPU budget the fastest within it (ties: cheaper). When no option meets the constraint, the
+//   closest is shown: the fastest for a deadline, the fewest GPUs for a budget. Sensitivity: the chosen option with the
 //   NIC rate and the node count scaled (analytic engine, best layout re-chosen for a new size).
 #include <cstdint>
 #include <string>

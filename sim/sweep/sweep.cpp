@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 
@@ -28,6 +29,29 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
                        std::find(s.sequence_parallel.begin(), s.sequence_parallel.end(), true) !=
                            s.sequence_parallel.end();
   const bool has_zero0 = std::find(s.zero_stages.begin(), s.zero_stages.end(), 0) != s.zero_stages.end();
+  // Count the layouts first (checked), and refuse a space above the stated limit before
+  // making any.
+  {
+    const auto n = [](size_t v) { return static_cast<int64_t>(v); };
+    std::optional<int64_t> total = 0;
+    for (const auto& cc : spec.clusters) {
+      std::optional<int64_t> pp_vp = 0;
+      for (int64_t pp : resolve_pp(s, cc.base))
+        pp_vp = pp_vp ? checked::add(*pp_vp, n(resolve_vp(s, cc.base, pp).size())) : pp_vp;
+      const auto per = pp_vp ? checked::product({n(resolve_tp(s, cc.base).size()), n(resolve_cp(s, cc.base).size()),
+                                                 *pp_vp, s.dp.is_auto ? 1 : n(s.dp.values.size()),
+                                                 n(s.zero_stages.size()), n(mbs.size()), n(s.recompute.size()),
+                                                 n(s.sequence_parallel.size())})
+                             : std::nullopt;
+      total = total && per ? checked::add(*total, *per) : std::nullopt;
+    }
+    if (!total || *total > limits::kMaxSweepLayouts)
+      throw InputError(spec.source + ": space gives " +
+                       (total ? checked::with_commas(*total) : std::string("more than 2^63")) +
+                       " layouts (clusters x tp x cp x pp x vp x dp x zero_stage x micro_batch x recompute x "
+                       "sequence_parallel): more than the " + checked::with_commas(limits::kMaxSweepLayouts) +
+                       "-layout limit (each layout is kept with its result and evaluated); narrow the space");
+  }
   int64_t id = 0;
   for (size_t ci = 0; ci < spec.clusters.size(); ++ci) {
     const Experiment& base = spec.clusters[ci].base;
@@ -38,13 +62,13 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
           for (int64_t vp : resolve_vp(s, base, pp)) {
             std::vector<int64_t> dps;
             std::string dp_reason;
-            const int64_t denom = tp * cp * pp;
+            const int64_t denom = checked::product({tp, cp, pp}).value_or(0);  // 0: overflow, divides nothing
             if (s.dp.is_auto) {
-              if (gpus % denom == 0) dps.push_back(gpus / denom);
+              if (denom > 0 && gpus % denom == 0) dps.push_back(gpus / denom);
               else {
                 dps.push_back(0);
                 dp_reason = fmt::format("layout.tp*cp*pp={}*{}*{}={} does not divide the cluster's {} GPUs", tp, cp,
-                                        pp, denom, gpus);
+                                        pp, denom > 0 ? std::to_string(denom) : std::string("more than 2^63"), gpus);
               }
             } else {
               dps = s.dp.values;

@@ -134,20 +134,30 @@ TEST(Engine, OverlappedGradientReductionHidesBehindBackward) {
 }
 
 TEST(Engine, ReducingEveryMicroBatchMultipliesZero2TrafficByFourAndAHalf) {
-  // DeepSpeed ZeRO-2 with 8 accumulation steps: reducing on every micro-batch sends 8
-  // gradient ReduceScatters and one parameter AllGather of the same 16-bit size, against 1 +
-  // 1 when reducing once: (8 + 1) / (1 + 1) = 4.5x the DP bytes (issue 5's public figure).
+  // DeepSpeed with 8 accumulation steps: ZeRO-2 reduce-scatters every micro-batch's gradients
+  // (8 ReduceScatters and one parameter AllGather of the same 16-bit size), ZeRO-1 the
+  // accumulated ones once (1 + 1): (8 + 1) / (1 + 1) = 4.5x the DP bytes (issue 5's public
+  // figure). ZeRO-2 does so whatever reduce_every_micro_batch says (its gradients are
+  // sharded: models/plan.hpp GradSyncPolicy, issue 14); ZeRO-1 only when asked.
   const std::string cluster = "{node: dgx-a100, nodes: 1}";
-  const std::string layout = "{dp: 8, tp: 1, pp: 1, zero_stage: 2, sequence_parallel: false, recompute: none}";
+  auto layout = [](int zero) {
+    return "{dp: 8, tp: 1, pp: 1, zero_stage: " + std::to_string(zero) + ", sequence_parallel: false, recompute: none}";
+  };
   auto train = [](bool every) {
     return std::string("{seq_len: 512, global_batch: 64, micro_batch: 1, dtype: bf16, flash_attention: true, "
                        "overlap_grad_reduce: true, framework: deepspeed, main_grad: bf16, reduce_every_micro_batch: ") +
            (every ? "true" : "false") + "}";
   };
-  const auto every = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(true)), "e.yaml"));
-  const auto once = simulate_step_isolated(parse_experiment(gpt(cluster, layout, train(false)), "o.yaml"));
-  EXPECT_NEAR(every.comm.at("DP").bytes / once.comm.at("DP").bytes, 4.5, 1e-9);
-  EXPECT_GT(every.comm.at("DP").total_s, 4.0 * once.comm.at("DP").total_s);
+  const auto z2 = simulate_step_isolated(parse_experiment(gpt(cluster, layout(2), train(false)), "z2.yaml"));
+  const auto z2_every = simulate_step_isolated(parse_experiment(gpt(cluster, layout(2), train(true)), "e.yaml"));
+  const auto z1 = simulate_step_isolated(parse_experiment(gpt(cluster, layout(1), train(false)), "o.yaml"));
+  const auto z1_every = simulate_step_isolated(parse_experiment(gpt(cluster, layout(1), train(true)), "o1.yaml"));
+  EXPECT_NEAR(z2.comm.at("DP").bytes / z1.comm.at("DP").bytes, 4.5, 1e-9);
+  EXPECT_GT(z2.comm.at("DP").total_s, 4.0 * z1.comm.at("DP").total_s);
+  EXPECT_DOUBLE_EQ(z2_every.comm.at("DP").bytes, z2.comm.at("DP").bytes);
+  EXPECT_DOUBLE_EQ(z1_every.comm.at("DP").bytes, z2.comm.at("DP").bytes);
+  // Memory follows the same plan: ZeRO-2's gradients are 1/8, ZeRO-1's whole.
+  EXPECT_DOUBLE_EQ(z1.stages.at(0).memory.grads_bytes / z2.stages.at(0).memory.grads_bytes, 8.0);
 }
 
 TEST(Engine, SameInputGivesByteIdenticalJson) {

@@ -204,7 +204,9 @@ TEST_F(ReportsAtomicFile, WritesOverwritesAndLeavesNoTemporaryFile) {
 }
 
 TEST_F(ReportsAtomicFile, FailureNamesThePathAndLeavesNothing) {
-  const fs::path p = dir_ / "no-such-dir" / "result.json";
+  // A parent that is a file (missing parents are created: reports/atomic_file.hpp).
+  std::ofstream(dir_ / "file") << "keep";
+  const fs::path p = dir_ / "file" / "result.json";
   try {
     write_file_atomic(p.string(), "x");
     FAIL() << "expected std::runtime_error";
@@ -216,7 +218,8 @@ TEST_F(ReportsAtomicFile, FailureNamesThePathAndLeavesNothing) {
   fs::create_directory(d);
   fs::create_directory(d / "child");
   EXPECT_THROW(write_file_atomic(d.string(), "x"), std::runtime_error);
-  EXPECT_EQ(entries(), 1u) << "only the directory 'taken' remains";
+  EXPECT_EQ(entries(), 2u) << "only 'file' and the directory 'taken' remain";
+  EXPECT_EQ(read(dir_ / "file"), "keep");
 }
 
 }  // namespace

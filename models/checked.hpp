@@ -1,0 +1,115 @@
+#pragma once
+// Checked arithmetic on the counts inputs multiply (nodes x GPUs, dp x tp x cp x pp,
+// micro-batches x layers, layouts of a sweep, sizes of `collective --factor`) and the
+// limits dtsim states for them. Every product of input counts goes through mul / product
+// here (GCC/Clang __builtin_mul_overflow: exact, no undefined behaviour), and every limit is
+// a named constant with its reason, repeated in the error message that refuses it.
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+namespace dtsim::checked {
+
+/// a * b, or nullopt when it does not fit in int64.
+inline std::optional<int64_t> mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+/// a + b, or nullopt when it does not fit in int64.
+inline std::optional<int64_t> add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+/// The product of `factors`, or nullopt when a partial product leaves int64.
+inline std::optional<int64_t> product(std::initializer_list<int64_t> factors) {
+  int64_t r = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(r, f, &r)) return std::nullopt;
+  return r;
+}
+
+/// `v` with thousands separators ("1,048,576"), for limit messages.
+inline std::string with_commas(int64_t v) {
+  const uint64_t mag = v < 0 ? uint64_t{0} - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  const std::string digits = std::to_string(mag);
+  std::string out = v < 0 ? "-" : "";
+  const size_t n = digits.size();
+  for (size_t i = 0; i < n; ++i) {
+    out += digits[i];
+    if ((n - i - 1) % 3 == 0 && i + 1 < n) out += ',';
+  }
+  return out;
+}
+
+}  // namespace dtsim::checked
+
+namespace dtsim::limits {
+
+/// GPUs of one cluster (cluster.nodes x cluster.gpus_per_node, and so dp x tp x cp x pp).
+/// The largest training clusters built hold about 100,000 GPUs (xAI Colossus, 2024:
+/// 100,000 H100s); 2^20 leaves a factor of ten and keeps every rank index, group list and
+/// per-rank table of the rank grid, the platform and the reports in memory.
+inline constexpr int64_t kMaxGpus = int64_t{1} << 20;  // 1,048,576
+inline constexpr const char* kMaxGpusWhy =
+    "the largest cluster dtsim models: ten times the largest built, about 100,000 GPUs, and small enough to list "
+    "every rank";
+
+/// Transformer blocks (model.layers, and layout.vp, which divides them). The deepest
+/// published dense models have about 100-130 (Llama 3 405B: 126, Megatron-LM 1T: 128);
+/// 2^16 leaves a factor of 500 and keeps Op::layer (int32) and the parameter count
+/// (layers x 12 h^2) within range.
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;  // 65,536
+inline constexpr const char* kMaxLayersWhy =
+    "500 times the deepest published model, Llama 3 405B's 126 layers; keeps parameter counts in 64-bit integers";
+
+/// Widths (model.hidden, heads, kv_heads, ffn_hidden; cluster.gpu.sm_count). The widest
+/// published dense layers: hidden 25,600 (Megatron-LM 1T), ffn_hidden 53,248 (Llama 3
+/// 405B); 2^20 leaves a factor of 20 and keeps layers x 12 h^2 below 2^63.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;  // 1,048,576
+inline constexpr const char* kMaxWidthWhy =
+    "20 times the widest published layer, Llama 3 405B's ffn_hidden 53,248; keeps parameter counts in 64-bit integers";
+
+/// Tokens: model.vocab, model.max_position_embeddings, training.seq_len. The largest
+/// vocabularies are about 256,000 (Gemma) and the longest trained contexts 1-10 million
+/// tokens; 2^24 keeps token x width products (vocab x hidden) below 2^53, exact in double.
+inline constexpr int64_t kMaxTokens = int64_t{1} << 24;  // 16,777,216
+inline constexpr const char* kMaxVocabWhy =
+    "64 times the largest published vocabulary, about 256,000; keeps vocab x hidden exact in double precision";
+inline constexpr const char* kMaxSeqWhy =
+    "above the longest trained contexts, 1-10 million tokens; keeps seq_len x hidden exact in double precision";
+
+/// Sequences: training.global_batch and micro_batch. The largest published batches are a
+/// few thousand sequences (GPT-3: 1,536 x 2,048 tokens; Llama 3: 16M tokens = 2,048 x
+/// 8,192); 2^24 leaves a factor of 8,000.
+inline constexpr int64_t kMaxBatch = int64_t{1} << 24;  // 16,777,216
+inline constexpr const char* kMaxBatchWhy =
+    "8,000 times the largest published batches, a few thousand sequences (Llama 3: 2,048 x 8,192 tokens)";
+
+/// Operations of one step plan (models/plan.hpp StagePlan::ops over all stages), counted
+/// before the plan is built (models/plan.hpp plan_op_bound). Each Op is about 150 bytes
+/// and the engines visit each once or a few times: 2^25 ops hold about 5 GB and take
+/// minutes to simulate. The shipped experiments need at most about 4 million (Narayanan
+/// 2021 GPT 1008B: 512 micro-batches x 128 layers, 3.5 million ops).
+inline constexpr int64_t kMaxPlanOps = int64_t{1} << 25;  // 33,554,432
+inline constexpr const char* kMaxPlanOpsWhy =
+    "each op takes about 150 bytes and is simulated one by one: 2^25 ops hold about 5 GB";
+
+/// Sizes of one `dtsim collective` sweep (--min-bytes .. --max-bytes by --factor): each
+/// size is one simulated collective; nccl-tests' default sweep (-b 8 -e 8G -f 2) has 31.
+inline constexpr int64_t kMaxCollectiveSizes = 1000;
+
+/// Layouts of one sweep (clusters x tp x cp x pp x vp x dp x zero_stage x micro_batch x
+/// recompute x sequence_parallel): each is kept in memory with its result and evaluated by
+/// the analytic engine; a million takes tens of minutes on one core.
+inline constexpr int64_t kMaxSweepLayouts = 1'000'000;
+
+/// Cluster cases of one sweep or compare file (clusters x the values of every vary key):
+/// each composes and validates a whole experiment.
+inline constexpr int64_t kMaxSweepClusters = 10'000;
+
+}  // namespace dtsim::limits
