@@ -166,6 +166,8 @@ class Simulation {
   void set_active(RankState& rs, int delta);
   void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
               const char* name = nullptr, double end = -1, bool async = false);
+  /// Traces [t0, start) as a "bubble" slice on the rank's compute row (nothing if empty).
+  void record_bubble(const RankState& rs, const Op& op, double t0, double start);
   std::string group_label(const RankState& rs, GroupKind kind);
   void run_kernels(RankState& rs, double seconds);
   void wait_handle(RankState& rs, const Op& op);
@@ -278,6 +280,19 @@ std::string Simulation::group_label(const RankState& rs, GroupKind kind) {
   for (size_t i = 0; i < members.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(members[i]);
   if (members.size() > 8) out += ", ... (" + std::to_string(members.size()) + " ranks)";
   return out + "]";
+}
+
+void Simulation::record_bubble(const RankState& rs, const Op& op, double t0, double start) {
+  if (start <= t0) return;
+  TraceEvent bubble;
+  bubble.rank = rs.rank;
+  bubble.name = "bubble";
+  bubble.category = "bubble";
+  bubble.start_s = t0;
+  bubble.duration_s = start - t0;
+  bubble.micro_batch = op.micro_batch;
+  bubble.chunk = op.chunk;
+  opts_.trace->events.push_back(bubble);
 }
 
 void Simulation::record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
@@ -418,17 +433,7 @@ void Simulation::recv(RankState& rs, const Op& op) {
   cs.exposed_s += t1 - start;
   rs.stats.bubble_s += start - t0;
   if (opts_.trace) {
-    TraceEvent bubble;
-    if (start > t0) {
-      bubble.rank = rs.rank;
-      bubble.name = "bubble";
-      bubble.category = "bubble";
-      bubble.start_s = t0;
-      bubble.duration_s = start - t0;
-      bubble.micro_batch = op.micro_batch;
-      bubble.chunk = op.chunk;
-      opts_.trace->events.push_back(bubble);
-    }
+    record_bubble(rs, op, t0, start);
     if (t1 > start) record(rs, TraceStream::compute, op, "wait", start, "wait", t1);
     record(rs, TraceStream::pp_recv, op, "PP", msg->posted_at, nullptr, ready, /*async=*/true);
   }
@@ -442,17 +447,7 @@ void Simulation::blocking_collective(RankState& rs, const Op& op) {
   // first at the tied-embedding AllReduce) is bubble; from the start on, exposed
   // communication (models/result.hpp CommStats).
   rs.stats.bubble_s += start - t0;
-  if (opts_.trace && start > t0) {
-    TraceEvent bubble;
-    bubble.rank = rs.rank;
-    bubble.name = "bubble";
-    bubble.category = "bubble";
-    bubble.start_s = t0;
-    bubble.duration_s = start - t0;
-    bubble.micro_batch = op.micro_batch;
-    bubble.chunk = op.chunk;
-    opts_.trace->events.push_back(bubble);
-  }
+  if (opts_.trace) record_bubble(rs, op, t0, start);
   record(rs, stream_of(op.kind), op, to_string(op.kind), start);
   const double dt = sg4::Engine::get_clock() - start;
   auto& cs = rs.stats.comm[static_cast<int>(op.kind)];

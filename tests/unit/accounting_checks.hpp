@@ -30,25 +30,18 @@
 #include "sim/analytic_engine.hpp"
 #include "sim/child_process.hpp"
 #include "sim/engine.hpp"
+#include "tests/unit/shipped_files.hpp"
 
 namespace dtsim::accounting_checks {
 
 namespace fs = std::filesystem;
 
-inline const fs::path kExperiments = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+using test_files::kExperiments;
 inline constexpr const char* kKinds[] = {"TP", "CP", "PP", "DP"};
 
 /// The experiment files (as tests/unit/test_experiments_load.cpp: experiments/sweeps/ holds
 /// sweep, compare and plan files).
-inline std::vector<fs::path> experiment_files() {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(kExperiments))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
-        entry.path().parent_path().filename() != "sweeps")
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+inline std::vector<fs::path> experiment_files() { return test_files::shipped_yaml(); }
 
 /// What the trace says, checked in the child (the trace of a large experiment is big).
 struct TraceFacts {

@@ -18,6 +18,7 @@
 #include "models/sweep_spec.hpp"
 #include "models/verify/verify.hpp"
 #include "sim/sweep/sweep.hpp"
+#include "tests/unit/shipped_files.hpp"
 
 namespace dtsim {
 namespace {
@@ -105,12 +106,7 @@ std::vector<std::vector<std::string>> variants() {
 }
 
 TEST(Bounds, PlanOpBoundHoldsForEveryShippedExperiment) {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(fs::path(DTSIM_SOURCE_DIR) / "experiments"))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
-        entry.path().parent_path().filename() != "sweeps")
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
+  const std::vector<fs::path> files = test_files::shipped_yaml();
   ASSERT_FALSE(files.empty());
   double tightest = 1e300;
   int checked_plans = 0;

@@ -13,6 +13,7 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "tests/unit/temp_dir.hpp"
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -586,27 +587,7 @@ TEST(ExperimentIoFile, MissingFileIsNamed) {
 }
 
 // A fresh directory under the system temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("dtsim_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path_ / name) << text;
-    return path_ / name;
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_files::TempDir;
 
 TEST(ExperimentIoFile, LoadsFromDiskWithOverrides) {
   TempDir d;

@@ -9,25 +9,18 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "tests/unit/shipped_files.hpp"
 
 namespace dtsim {
 namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kExperiments = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+using test_files::kExperiments;
 
-std::vector<fs::path> experiment_files() {
-  std::vector<fs::path> files;
-  // experiments/sweeps/ holds sweep, compare and plan files, checked by their own loader
-  // (tests/unit/test_sweep.cpp).
-  for (const auto& entry : fs::recursive_directory_iterator(kExperiments))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
-        entry.path().parent_path().filename() != "sweeps")
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+// experiments/sweeps/ holds sweep, compare and plan files, checked by their own loader
+// (tests/unit/test_sweep.cpp).
+std::vector<fs::path> experiment_files() { return test_files::shipped_yaml(); }
 
 std::string load_problems(const fs::path& file) {
   try {

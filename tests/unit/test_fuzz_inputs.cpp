@@ -23,13 +23,14 @@
 #include "models/experiment_io.hpp"
 #include "models/plan.hpp"
 #include "models/sweep_spec.hpp"
+#include "tests/unit/shipped_files.hpp"
 
 namespace dtsim {
 namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kExperiments = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+using test_files::kExperiments;
 constexpr int kMutationsPerFile = 60;
 // Plans up to this many ops are built for the inputs that load (the shipped ones need up
 // to about 200,000; the sanitizer build is several times slower).
@@ -186,15 +187,7 @@ void load_and_plan(const std::string& text, const std::string& base_dir, const s
   if (plan_op_bound(e) <= kPlanOpsToBuild) build_step_plan(e);
 }
 
-std::vector<fs::path> shipped(bool sweeps) {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(kExperiments))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
-        (entry.path().parent_path().filename() == "sweeps") == sweeps)
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+std::vector<fs::path> shipped(bool sweeps) { return test_files::shipped_yaml(sweeps); }
 
 TEST(FuzzInputs, MutatedExperimentFilesLoadOrRaiseInputError) {
   const auto files = shipped(false);

@@ -18,6 +18,7 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "tests/unit/temp_dir.hpp"
 #include "reports/terminal_text.hpp"
 #include "tests/unit/cli_fixture.hpp"
 
@@ -29,26 +30,7 @@ namespace fs = std::filesystem;
 const fs::path kSource = DTSIM_SOURCE_DIR;
 const fs::path kHfData = kSource / "tests/data/hf_configs";
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("dtsim_strict_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path_ / name) << text;
-    return path_ / name;
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_files::TempDir;
 
 std::string dump(const std::vector<std::string>& ps) {
   std::string s;

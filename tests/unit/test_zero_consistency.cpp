@@ -31,25 +31,17 @@
 #include "models/plan.hpp"
 #include "models/sweep_spec.hpp"
 #include "sim/sweep/sweep.hpp"
+#include "tests/unit/shipped_files.hpp"
 
 namespace dtsim {
 namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kExperiments = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+using test_files::kExperiments;
 
-// As tests/unit/test_experiments_load.cpp: experiments/sweeps/ holds sweep, compare and plan
-// files, read separately below.
-std::vector<fs::path> experiment_files() {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(kExperiments))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml" &&
-        entry.path().parent_path().filename() != "sweeps")
-      files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+// experiments/sweeps/ holds sweep, compare and plan files, read separately below.
+std::vector<fs::path> experiment_files() { return test_files::shipped_yaml(); }
 
 bool near(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max({1.0, std::fabs(a), std::fabs(b)}); }
 
