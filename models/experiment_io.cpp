@@ -1105,10 +1105,13 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   // Layout against cluster and model.
   if (ok({"layout.dp", "layout.tp", "layout.cp", "layout.pp", "cluster.nodes", "cluster.gpus_per_node"}) &&
       l.dp > 0 && l.tp > 0 && l.cp > 0 && l.pp > 0 && c.nodes > 0 && c.gpus_per_node > 0 &&
-      checked::product({l.dp, l.tp, l.cp, l.pp}) != checked::mul(c.nodes, c.gpus_per_node))
+      checked::product({l.dp, l.tp, l.cp, l.pp}) != checked::mul(c.nodes, c.gpus_per_node)) {
+    const auto shown = [&](std::optional<int64_t> v) { return v ? s(*v) : std::string("more than 2^63"); };
     p.add("layout.dp*tp*cp*pp=" + s(l.dp) + "*" + s(l.tp) + "*" + s(l.cp) + "*" + s(l.pp) + "=" +
-          s(l.dp * l.tp * l.cp * l.pp) + " does not equal the cluster's GPUs cluster.nodes*gpus_per_node=" +
-          s(c.nodes) + "*" + s(c.gpus_per_node) + "=" + s(c.gpus()));
+          shown(checked::product({l.dp, l.tp, l.cp, l.pp})) +
+          " does not equal the cluster's GPUs cluster.nodes*gpus_per_node=" + s(c.nodes) + "*" +
+          s(c.gpus_per_node) + "=" + shown(checked::mul(c.nodes, c.gpus_per_node)));
+  }
   if (l.tp > 0 && ok({"layout.tp"})) {
     if (ok({"model.heads"}) && m.heads > 0 && !divides(l.tp, m.heads))
       p.add("layout.tp=" + s(l.tp) + " does not divide model.heads=" + s(m.heads));
@@ -1314,9 +1317,15 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
     ctx.mark("layout.dp");
   } else if (ld.dp_auto) {
     const Layout& l = e.layout;
-    const int64_t gpus = e.cluster.gpus();
-    const int64_t denom = l.tp * l.cp * l.pp;
-    if (gpus > 0 && denom > 0 && gpus % denom == 0) {
+    // Checked products: a count past its limit has its own error (check_count_limits), and
+    // says nothing more here.
+    const auto gpus_or = checked::mul(e.cluster.nodes, e.cluster.gpus_per_node);
+    const auto denom_or = checked::product({l.tp, l.cp, l.pp});
+    const bool in_range = gpus_or && denom_or && *gpus_or <= limits::kMaxGpus && *denom_or <= limits::kMaxGpus;
+    const int64_t gpus = in_range ? *gpus_or : 0, denom = in_range ? *denom_or : 0;
+    if (!in_range) {
+      ctx.mark("layout.dp");
+    } else if (gpus > 0 && denom > 0 && gpus % denom == 0) {
       e.layout.dp = gpus / denom;
     } else if (gpus > 0 && denom > 0) {
       ctx.fail("layout.dp", "layout.dp=auto: the cluster's " + std::to_string(gpus) +

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The test command (README "Test", .ci/run): install dependencies, build, run every test,
-# then build the unit tests again with AddressSanitizer and UndefinedBehaviorSanitizer and
-# run them there:
+# The test command (README "Test", .ci/run): install dependencies, build, run every test:
 #   scripts/setup.sh && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release &&
 #   cmake --build build -j && ctest --test-dir build --output-on-failure -j2 -LE slow
+# (-LE slow leaves out the tests labelled slow; run them with ctest -L slow).
+# DTSIM_SANITIZE_PASS=1 then builds the unit tests again with AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs them there:
 #   cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release -DDTSIM_SANITIZE=address,undefined &&
 #   cmake --build build-sanitize -j --target dtsim dtsim_unit_tests &&
 #   ctest --test-dir build-sanitize --output-on-failure -j2 -LE slow
-# (-LE slow leaves out the tests labelled slow; run them with ctest -L slow).
+# It is not in CI yet: GCC 12's AddressSanitizer allocator is not fork-safe, and the sweep
+# runner forks its SimGrid children while its other worker threads allocate, so a sweep test
+# can deadlock in the child under ASan (README "Sanitizers").
 # Run from anywhere; builds in <repo>/build and <repo>/build-sanitize (override with
-# BUILD_DIR=... and SANITIZE_BUILD_DIR=...; DTSIM_SKIP_SANITIZE=1 skips the sanitizer pass).
+# BUILD_DIR=... and SANITIZE_BUILD_DIR=...).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build="${BUILD_DIR:-build}"
@@ -20,7 +23,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j2 -LE slow
 
-if [ "${DTSIM_SKIP_SANITIZE:-0}" != 1 ]; then
+if [ "${DTSIM_SANITIZE_PASS:-0}" = 1 ]; then
   # Every ASan / UBSan report is fatal (CMakeLists.txt: -fno-sanitize-recover=all).
   # detect_stack_use_after_return=0: SimGrid switches between actor stacks it allocates
   # itself, which ASan's fake stacks cannot follow; detect_leaks=0: SimGrid keeps

@@ -122,7 +122,8 @@ TEST(TpOverlap, NeedsSequenceParallelism) {
       exp_yaml(true, "{dp: 8, tp: 1, pp: 1, zero_stage: 1, sequence_parallel: false, recompute: none}",
                "{node: dgx-h100, nodes: 1}"),
       "one.yaml");
-  for (const auto& op : build_step_plan(one).stages[0].ops) EXPECT_EQ(op.overlap_splits, 0);
+  const StepPlan plan = build_step_plan(one);  // kept: a range over a temporary's member dangles
+  for (const auto& op : plan.stages[0].ops) EXPECT_EQ(op.overlap_splits, 0);
 }
 
 }  // namespace
