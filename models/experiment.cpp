@@ -1,5 +1,7 @@
 #include "models/experiment.hpp"
 
+#include "models/schedules/schedule.hpp"
+
 namespace dtsim {
 
 // The spellings returned here are the ones experiment files use (models/experiment_io.cpp
@@ -55,14 +57,7 @@ const char* to_string(Framework f) {
   return "?";
 }
 
-const char* to_string(Schedule s) {
-  switch (s) {
-    case Schedule::gpipe: return "gpipe";
-    case Schedule::one_f_one_b: return "1f1b";
-    case Schedule::interleaved: return "interleaved";
-  }
-  return "?";
-}
+const char* to_string(Schedule s) { return sched::schedule_of(s).name(); }
 
 const char* to_string(GradDtype g) {
   switch (g) {

@@ -13,9 +13,9 @@ enum class Position { learned, rope };
 enum class Recompute { none, selective, full };
 enum class Dtype { bf16, fp8 };
 enum class Framework { megatron, deepspeed, zero_paper };
-/// Pipeline schedule (Narayanan 2021 Sec 2.2): GPipe (all forwards, then all backwards),
-/// 1F1B (PipeDream-Flush), interleaved 1F1B with `vp` virtual stages per rank.
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+/// Pipeline schedule, layout.schedule: one registered PipelineSchedule each
+/// (models/schedules/schedule.hpp, one file per schedule, which documents its order and source).
+enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, dualpipev, dualpipe };
 enum class GradDtype { fp32, bf16 };
 
 /// Decoder-only Transformer.
@@ -119,6 +119,14 @@ struct Layout {
   Recompute recompute = Recompute::none;
   /// Virtual pipeline stages per rank (interleaved 1F1B); 1 otherwise.
   int64_t vp = 1;
+  /// Megatron-Core's pipeline split options, same names (rules and sources:
+  /// models/pipeline_split.hpp). Unset: dtsim's default split.
+  bool account_for_embedding_in_pipeline_split = false;  // the embedding takes a layer's slot
+  bool account_for_loss_in_pipeline_split = false;       // the loss (LM head) takes a layer's slot
+  int64_t decoder_first_pipeline_num_layers = 0;         // layers of pipeline rank 0; 0 = not set
+  int64_t decoder_last_pipeline_num_layers = 0;          // layers of rank pp-1; 0 = not set
+  /// --pipeline-model-parallel-layout string, e.g. "Et*3|(tt|)*29,m|L"; empty = not set.
+  std::string pipeline_layout;
   /// Default: interleaved when vp > 1, else 1F1B.
   Schedule schedule = Schedule::one_f_one_b;
 };

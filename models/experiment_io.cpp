@@ -21,7 +21,10 @@
 //          hbm_reserve
 //   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
 //          interleaved; interleaved when vp > 1, else 1f1b), zero_stage (0),
-//          sequence_parallel (false), recompute (none|selective|full; none)
+//          sequence_parallel (false), recompute (none|selective|full; none),
+//          account_for_embedding_in_pipeline_split (false), account_for_loss_in_pipeline_split
+//          (false), decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+//          pipeline_layout (Megatron-Core's split options: models/pipeline_split.hpp)
 //   training: seq_len, global_batch, micro_batch, dtype (bf16|fp8; bf16), flash_attention
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
@@ -50,7 +53,9 @@
 #include "models/errors.hpp"
 #include "models/hf_config_keys.hpp"
 #include "models/input_files.hpp"
+#include "models/schedules/schedule.hpp"
 #include "models/path_problem.hpp"
+#include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
 #include "models/scalar_text.hpp"
 #include "models/units.hpp"
@@ -85,7 +90,10 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
       {"cluster.fabric", {"type", "nodes_per_leaf", "oversubscription", "leaves_per_pod", "pod_oversubscription"}},
       {"cluster.collectives", {"algorithm", "protocol"}},
-      {"layout", {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute"}},
+      {"layout",
+       {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute",
+        "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "pipeline_layout"}},
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
@@ -135,8 +143,12 @@ const Choices<Position> kPositions = {{"learned", Position::learned}, {"rope", P
 const Choices<Recompute> kRecomputes = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 const Choices<Dtype> kDtypes = {{"bf16", Dtype::bf16}, {"fp8", Dtype::fp8}};
-const Choices<Schedule> kSchedules = {
-    {"1f1b", Schedule::one_f_one_b}, {"gpipe", Schedule::gpipe}, {"interleaved", Schedule::interleaved}};
+// Every registered pipeline schedule by its name (models/schedules/registry.cpp).
+const Choices<Schedule> kSchedules = [] {
+  Choices<Schedule> c;
+  for (const sched::PipelineSchedule* s : sched::all_schedules()) c.push_back({s->name(), s->id()});
+  return c;
+}();
 const Choices<GradDtype> kGradDtypes = {{"fp32", GradDtype::fp32}, {"bf16", GradDtype::bf16}};
 const Choices<Framework> kFrameworks = {
     {"megatron", Framework::megatron}, {"deepspeed", Framework::deepspeed}, {"zero-paper", Framework::zero_paper}};
@@ -812,6 +824,23 @@ LayoutDraft read_layout(Reader r) {
   set_if(l.sequence_parallel, r.boolean("sequence_parallel"));
   set_if(l.recompute, r.choice("recompute", kRecomputes));
   set_if(l.vp, r.integer("vp"));
+  // Megatron-Core's pipeline split options (models/pipeline_split.hpp); a layer count given
+  // must be positive, as Megatron's ("must be larger than 0").
+  set_if(l.account_for_embedding_in_pipeline_split, r.boolean("account_for_embedding_in_pipeline_split"));
+  set_if(l.account_for_loss_in_pipeline_split, r.boolean("account_for_loss_in_pipeline_split"));
+  const std::pair<const char*, int64_t*> stage_layers[] = {
+      {"decoder_first_pipeline_num_layers", &l.decoder_first_pipeline_num_layers},
+      {"decoder_last_pipeline_num_layers", &l.decoder_last_pipeline_num_layers}};
+  for (const auto& [k, field] : stage_layers)
+    if (auto v = r.integer(k)) {
+      if (*v > 0) *field = *v;
+      else r.ctx().fail(r.path(k), r.path(k) + "=" + std::to_string(*v) + " must be larger than 0 (leave it out for the "
+                                                                        "default split)");
+    }
+  if (auto v = r.text("pipeline_layout")) {
+    if (v->empty()) r.ctx().fail(r.path("pipeline_layout"), r.path("pipeline_layout") + " is empty");
+    else l.pipeline_layout = *v;
+  }
   if (auto sch = r.choice("schedule", kSchedules)) l.schedule = *sch;
   else if (l.vp > 1) l.schedule = Schedule::interleaved;
   return d;
@@ -1124,26 +1153,40 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
       p.add("layout.tp=" + s(l.tp) + " does not divide model.vocab=" + s(m.vocab) +
             " (the embedding and output layer are split across tensor-parallel ranks; pad the vocabulary)");
   }
-  if (ok({"layout.pp", "model.layers"}) && l.pp > 0 && m.layers > 0 && m.layers < l.pp)
+  const bool split_options = has_pipeline_split_options(l);
+  if (ok({"layout.pp", "model.layers"}) && !split_options && l.pp > 0 && m.layers > 0 && m.layers < l.pp)
     p.add("layout.pp=" + s(l.pp) + " exceeds model.layers=" + s(m.layers) +
           " (every pipeline stage needs at least one layer)");
   if (ok({"layout.vp"}) && l.vp < 1) p.add("layout.vp=" + s(l.vp) + " must be a positive integer");
-  if (ok({"layout.vp", "layout.pp", "model.layers"}) && l.vp > 1 && l.pp > 0 && m.layers > 0 &&
+  if (ok({"layout.vp", "layout.pp", "model.layers"}) && !split_options && l.vp > 1 && l.pp > 0 && m.layers > 0 &&
       !divides(l.pp * l.vp, m.layers))
     p.add("layout.pp*vp=" + s(l.pp) + "*" + s(l.vp) + " does not divide model.layers=" + s(m.layers) +
           " (each virtual stage holds a whole number of layers)");
-  if (ok({"layout.schedule", "layout.vp"}) && l.schedule == Schedule::interleaved && l.vp < 2)
-    p.add("layout.schedule=interleaved needs layout.vp >= 2 (got vp=" + s(l.vp) + ")");
-  if (ok({"layout.schedule", "layout.vp"}) && l.schedule != Schedule::interleaved && l.vp > 1)
-    p.add("layout.vp=" + s(l.vp) + " needs layout.schedule=interleaved (got " + to_string(l.schedule) + ")");
-  if (ok({"layout.schedule", "layout.pp", "layout.dp", "training.global_batch", "training.micro_batch"}) &&
-      l.schedule == Schedule::interleaved && l.pp > 1 && t.micro_batch > 0 && l.dp > 0 &&
-      t.global_batch % (t.micro_batch * l.dp) == 0 && (t.global_batch / (t.micro_batch * l.dp)) % l.pp != 0)
-    p.add("layout.schedule=interleaved needs the micro-batches per step (training.global_batch / "
-          "(micro_batch*dp) = " + s(t.global_batch / (t.micro_batch * l.dp)) + ") to be a multiple of layout.pp=" +
-          s(l.pp) + " (Megatron-LM interleaved schedule requirement)");
-  if (ok({"layout.schedule", "layout.pp"}) && l.schedule == Schedule::interleaved && l.pp < 2)
-    p.add("layout.schedule=interleaved needs layout.pp >= 2 (got pp=" + s(l.pp) + ")");
+  // Megatron-Core's split options: every constraint of models/pipeline_split.hpp.
+  if (split_options && ok({"layout.pp", "layout.vp", "model.layers", "layout.account_for_embedding_in_pipeline_split",
+                           "layout.account_for_loss_in_pipeline_split", "layout.decoder_first_pipeline_num_layers",
+                           "layout.decoder_last_pipeline_num_layers", "layout.pipeline_layout"}) &&
+      l.pp > 0 && l.vp > 0 && m.layers > 0) {
+    try {
+      (void)pipeline_split(m, l);
+    } catch (const InputError& err) {
+      for (const std::string& problem : err.problems()) p.add(problem);
+    }
+  }
+  // The schedule's own constraints (models/schedules/, one file per schedule).
+  if (ok({"layout.schedule", "layout.vp", "layout.pp", "layout.dp", "training.global_batch", "training.micro_batch"}) &&
+      l.pp > 0 && l.vp > 0 && t.micro_batch > 0 && l.dp > 0 && t.global_batch % (t.micro_batch * l.dp) == 0)
+    for (const std::string& problem :
+         sched::schedule_of(l.schedule).check(sched::dims_of(l, t.global_batch / (t.micro_batch * l.dp))))
+      p.add(problem);
+  // A split backward with ZeRO-3: the layer's parameters are gathered for B and freed, and a
+  // deferred W would need them gathered again and its gradient reduce-scattered on its own;
+  // no framework we model runs it (sail-sg's zero-bubble code supports ZeRO-1; FSDP has no
+  // B/W split), so it is refused rather than guessed.
+  if (ok({"layout.schedule", "layout.zero_stage"}) && sched::schedule_of(l.schedule).splits_backward() &&
+      l.zero_stage == 3)
+    p.add(std::string("layout.schedule=") + to_string(l.schedule) +
+          " splits each backward into B and W, which is not modelled with layout.zero_stage=3 (use 0, 1 or 2)");
   if (ok({"training.tp_comm_overlap", "layout.sequence_parallel", "layout.tp"}) && t.tp_comm_overlap &&
       l.tp > 1 && !l.sequence_parallel)
     p.add("training.tp_comm_overlap=true needs layout.sequence_parallel=true with layout.tp=" + s(l.tp) +

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "models/errors.hpp"
+#include "models/pipeline_split.hpp"
 
 namespace dtsim {
 
@@ -156,52 +157,49 @@ double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp) {
   return n;
 }
 
-int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage) {
+namespace {
+// The checks stage_layer_count has always made, then the rank's share of pipeline_split.
+RankSplit checked_rank_split(const ModelSpec& m, const Layout& l, int64_t stage) {
   check_model(m);
   if (l.pp <= 0) throw InputError("layout.pp=" + std::to_string(l.pp) + " must be positive");
   if (stage < 0 || stage >= l.pp)
     throw InputError("pipeline stage " + std::to_string(stage) + " is outside [0, layout.pp=" +
                      std::to_string(l.pp) + ")");
-  if (m.layers < l.pp)
-    throw InputError("layout.pp=" + std::to_string(l.pp) + " exceeds model.layers=" + std::to_string(m.layers));
-  const int64_t base = (m.layers + l.pp - 1) / l.pp;
-  const int64_t deficit = base * l.pp - m.layers;  // < pp
-  // Removal order 0, p-1, 1, p-2, ...: position of `stage` in that order.
-  const int64_t order = stage < l.pp - 1 - stage ? 2 * stage : 2 * (l.pp - 1 - stage) + 1;
-  return base - (order < deficit ? 1 : 0);
+  return rank_split(m.layers, l, stage);
+}
+}  // namespace
+
+int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage) {
+  return checked_rank_split(m, l, stage).layers;
 }
 
 int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
-  // The sum of stage_layer_count over the stages before `stage`, in closed form (a plan's
-  // cost stays linear in pp): each of them holds `base` layers less one for each stage in
-  // the removal order 0, p-1, 1, p-2, ... that comes before the deficit runs out. Of the
-  // front stages j (j < p-1-j, order 2j) the first min(p/2, (deficit+1)/2) lose one; of
-  // the back stages j = p-1-k (order 2k+1) those with k < min(deficit/2, (p-1)/2 + 1).
-  if (stage <= 0) return 0;
-  // Validates m and l, and throws for stage > pp as the sum over the stages before it did.
-  stage_layer_count(m, l, std::min(stage - 1, l.pp));
-  const int64_t p = l.pp;
-  const int64_t base = (m.layers + p - 1) / p;
-  const int64_t deficit = base * p - m.layers;
-  const int64_t front = std::min(p / 2, (deficit + 1) / 2);
-  const int64_t back = std::min(deficit / 2, (p - 1) / 2 + 1);
-  return stage * base - std::min(stage, front) - std::max<int64_t>(0, stage - (p - back));
+  checked_rank_split(m, l, stage);
+  // The rank's first chunk that holds layers; a rank without layers: its first chunk's place.
+  VirtualStage first = virtual_stage(m.layers, l, virtual_stage_of(l, stage, 0));
+  for (int64_t c = 0; c < chunks_of(l) && first.layers == 0; ++c) {
+    const VirtualStage vs = virtual_stage(m.layers, l, virtual_stage_of(l, stage, c));
+    if (vs.layers > 0) first = vs;
+  }
+  return first.first_layer;
 }
 
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage) {
-  const int64_t layers = stage_layer_count(m, l, stage);
+  // The sum over the rank's chunks (models/pipeline_split.hpp): their layers, the embedding
+  // where a chunk holds it, the final norm and LM head where a chunk holds the loss.
+  const RankSplit rs = checked_rank_split(m, l, stage);
   const double t = d(l.tp);
-  double n = d(layers) * layer_parameters_per_tp_rank(m, l.tp);
+  double n = d(rs.layers) * layer_parameters_per_tp_rank(m, l.tp);
   const double word_embedding = d(m.vocab) * d(m.hidden) / t;  // vocab-parallel
-  if (stage == 0) {
+  if (rs.embedding) {
     // Word embedding sharded over the vocabulary; learned positions replicated over TP.
     n += word_embedding + d(embedding_parameters(m, seq_len) - m.vocab * m.hidden);
   }
-  if (stage == l.pp - 1) {
+  if (rs.loss) {
     n += d(norm_parameters(m));  // final norm, replicated
     if (!m.tied_embeddings)
       n += word_embedding;  // untied LM head, vocab-parallel
-    else if (l.pp > 1)
+    else if (!rs.embedding)
       n += word_embedding;  // Megatron keeps a copy of the tied word embedding on the last stage
   }
   return n;

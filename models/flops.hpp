@@ -102,23 +102,28 @@ int64_t total_parameters(const ModelSpec& m, int64_t seq_len);
 /// in what-if studies.
 double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp);
 
-/// Transformer layers held by pipeline stage `stage`: L / pp when pp divides L. Otherwise
-/// every stage gets ceil(L / pp) and the missing layers are taken one each from the
-/// first and last stages, then the second and second-to-last, ... (the stages that also
+/// Transformer layers held by pipeline stage `stage` over all its model chunks, as
+/// models/pipeline_split.hpp splits them (rank_split). By default: L / pp when pp divides L;
+/// otherwise every stage gets ceil(L / pp) and the missing layers are taken one each from
+/// the first and last stages, then the second and second-to-last, ... (the stages that also
 /// hold the embedding and the LM head), as Llama 3 does for 126 layers on PP16
 /// (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec 3.3.2: "reduce one Transformer
-/// layer each from the first and the last stages"). Throws InputError when pp > L or
-/// stage is outside [0, pp).
+/// layer each from the first and the last stages"); with layout.vp, L / pp. Megatron-Core's
+/// layout.* split options change it as pipeline_split documents. Throws InputError when
+/// the split is impossible (by default pp > L) or stage is outside [0, pp).
 int64_t stage_layer_count(const ModelSpec& m, const Layout& l, int64_t stage);
-/// Index of the first layer of pipeline stage `stage` (sum of the previous stages' counts).
+/// Index of the first layer of pipeline stage `stage`: the first layer of its first model
+/// chunk that holds layers (without interleaving, the sum of the previous stages' counts).
 int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage);
 
-/// Parameters (elements) held by ONE rank of pipeline stage `stage` with layout `l`:
-/// its L/pp layers sharded as layer_parameters_per_tp_rank; the first stage also holds the
+/// Parameters (elements) held by ONE rank of pipeline stage `stage` with layout `l`, the sum
+/// over its model chunks (models/pipeline_split.hpp): its stage_layer_count layers sharded as
+/// layer_parameters_per_tp_rank; the rank whose chunk holds the embedding (stage 0) also the
 /// word embedding (vocab-parallel, V h / t) and the learned position embedding
-/// (replicated over TP); the last stage the final norm (replicated) and the LM head
-/// (V h / t); with tied embeddings and pp > 1 the last stage holds its own copy of the
-/// word embedding as Megatron does (with pp == 1 it is shared, counted once). No ZeRO
+/// (replicated over TP); the one whose chunk holds the loss (the last stage) the final norm
+/// (replicated) and the LM head (V h / t); with tied embeddings on two ranks (pp > 1) the
+/// last stage holds its own copy of the word embedding as Megatron does (with pp == 1 it is
+/// shared, counted once). No ZeRO
 /// sharding here. Throws InputError for stage outside [0, pp) or a non-positive tp/pp.
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage);
 

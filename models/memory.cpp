@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "models/errors.hpp"
 #include "models/flops.hpp"
+#include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
+#include "models/schedules/schedule.hpp"
 
 namespace dtsim {
 
@@ -156,16 +159,6 @@ double interleaved_activation_factor(int64_t pp, int64_t virtual_stages) {
   return 1.0 + d(pp - 1) / (d(pp) * d(virtual_stages));
 }
 
-namespace {
-// Same rule as models/flops.cpp stage_layer_count (Llama 3 uneven stages).
-int64_t uneven_stage_layers(int64_t layers, int64_t p, int64_t stage) {
-  const int64_t base = (layers + p - 1) / p;
-  const int64_t deficit = base * p - layers;
-  const int64_t order = stage < p - 1 - stage ? 2 * stage : 2 * (p - 1 - stage) + 1;
-  return base - (order < deficit ? 1 : 0);
-}
-}  // namespace
-
 PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation) {
   const int64_t p = l.pp, m = accumulation;
   if (p < 1 || stage < 0 || stage >= p)
@@ -175,38 +168,82 @@ PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stag
   const bool interleaved = l.schedule == Schedule::interleaved;
   const int64_t v = interleaved ? l.vp : 1;
   if (v < 1) throw InputError("layout.vp=" + std::to_string(l.vp) + " must be >= 1");
-  if (layers < p || (v > 1 && layers % (p * v) != 0))
+  if (!has_pipeline_split_options(l) && (layers < p || (v > 1 && layers % (p * v) != 0)))
     throw InputError("model.layers=" + std::to_string(layers) + " cannot be split over layout.pp*vp=" +
                      std::to_string(p * v) + " (interleaving needs pp*vp | layers; every stage needs a layer)");
+  // The rank's chunks as models/pipeline_split.hpp splits them (possibly uneven).
+  std::vector<int64_t> chunk_layers;
+  if (v > 1) {
+    for (int64_t c = 0; c < v; ++c)
+      chunk_layers.push_back(virtual_stage(layers, l, virtual_stage_of(l, stage, c)).layers);
+  } else {
+    chunk_layers.push_back(rank_split(layers, l, stage).layers);  // the whole stage is one chunk
+  }
   PipelineInflight out;
-  // Without interleaving stages may be uneven (models/flops.hpp stage_layer_count).
-  out.chunk_layers = v > 1 ? layers / (p * v) : uneven_stage_layers(layers, p, stage);
+  out.chunk_layers = *std::max_element(chunk_layers.begin(), chunk_layers.end());
   switch (l.schedule) {
     case Schedule::gpipe:
       out.warmup = m;
       out.chunks = m;
       out.first_chunk_microbatches = m;
+      out.held_layers = m * chunk_layers.front();
       return out;
     case Schedule::one_f_one_b:
       out.warmup = std::min(p - stage - 1, m);
       out.chunks = std::min(p - stage, m);
       out.first_chunk_microbatches = out.chunks;
+      out.held_layers = out.chunks * chunk_layers.front();
       return out;
     case Schedule::interleaved: {
       const int64_t total = m * v;
       out.warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
       out.chunks = std::min(out.warmup + 1, total);
-      // Forward k runs model chunk (k mod p v) / p: count the chunk-0 forwards.
+      // Forward k runs model chunk (k mod p v) / p: count each chunk's forwards among the
+      // first `chunks`, and hold each one's own layers.
       const int64_t group = p * v;
-      out.first_chunk_microbatches = (out.chunks / group) * p + std::min(out.chunks % group, p);
+      for (int64_t c = 0; c < v; ++c) {
+        const int64_t n = (out.chunks / group) * p + std::clamp<int64_t>(out.chunks % group - c * p, 0, p);
+        if (c == 0) out.first_chunk_microbatches = n;
+        out.held_layers += n * chunk_layers[static_cast<size_t>(c)];
+      }
       return out;
+    }
+    default: break;
+  }
+  // Any other schedule: walk the rank's order (models/schedules/). A chunk's activations of
+  // a micro-batch are held from its F to its BW, or to its W when the backward is split
+  // (sched::OrderStats); the peak is the most layer activations held at once.
+  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+  const sched::Dims dims = sched::dims_of(l, m);
+  const auto order = sch.order(dims)[static_cast<size_t>(stage)];
+  std::vector<int64_t> layers_of;
+  for (int64_t c = 0; c < sch.chunks(dims); ++c)
+    layers_of.push_back(virtual_stage(layers, l, sch.virtual_stage(dims, stage, c)).layers);
+  out.chunk_layers = *std::max_element(layers_of.begin(), layers_of.end());
+  out.warmup = sched::order_stats(order).warmup;
+  int64_t live = 0, live0 = 0, held = 0;
+  for (const sched::Step& st : order) {
+    const int64_t n = layers_of[static_cast<size_t>(st.chunk)];
+    if (st.pass == sched::Pass::F) {
+      ++live;
+      live0 += st.chunk == 0 ? 1 : 0;
+      held += n;
+      if (held > out.held_layers || (held == out.held_layers && live > out.chunks)) {
+        out.held_layers = held;
+        out.chunks = live;
+        out.first_chunk_microbatches = live0;
+      }
+    } else if (st.pass == sched::Pass::BW || st.pass == sched::Pass::W) {
+      --live;
+      live0 -= st.chunk == 0 ? 1 : 0;
+      held -= n;
     }
   }
   return out;
 }
 
 double ActivationBreakdown::inflight_microbatches() const {
-  return stage_layers > 0 ? d(inflight) * d(chunk_layers) / d(stage_layers) : 0.0;
+  return stage_layers > 0 ? d(held_layers) / d(stage_layers) : 0.0;
 }
 
 ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
@@ -235,12 +272,13 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, accumulation);
   out.inflight = pin.chunks;
   out.chunk_layers = pin.chunk_layers;
+  out.held_layers = pin.held_layers;
   out.stage_layers = layers;
   out.warmup = pin.warmup;
   const double per_layer =
       layer_activation_bytes(m, s, b, s_kv, l.tp, sp, l.recompute, tr.flash_attention);
   out.per_layer_bytes = per_layer;
-  out.layers_bytes = d(pin.chunks) * d(pin.chunk_layers) * per_layer;
+  out.layers_bytes = d(pin.held_layers) * per_layer;
 
   if (layers > 0 && l.recompute == Recompute::full) {
     out.recompute_working_bytes =
@@ -250,8 +288,9 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
         layer_activation_bytes(m, s, b, s_kv, l.tp, sp, Recompute::none, false) - per_layer;
   }
 
-  if (stage == 0) out.embedding_bytes = d(pin.first_chunk_microbatches) * (sp ? sbh / t : sbh);
-  if (stage == l.pp - 1) {
+  const RankSplit holds = rank_split(m.layers, l, stage);
+  if (holds.embedding) out.embedding_bytes = d(pin.first_chunk_microbatches) * (sp ? sbh / t : sbh);
+  if (holds.loss) {
     const double norm_and_head_inputs = 4.0 * sbh;
     const double logits_fp32 = 4.0 * s * d(b) * d(m.vocab) / t;
     out.output_bytes = (sp ? norm_and_head_inputs / t : norm_and_head_inputs) + logits_fp32;
@@ -276,10 +315,11 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
     // (models/plan.cpp finish_step, as FSDP's root unit).
     const double t = d(l.tp), h = d(e.model.hidden), vocab_rows = d(e.model.vocab) * h / t;
     double units = d(std::min<int64_t>(2, layers)) * layer;
-    if (stage == 0)
+    const RankSplit holds = rank_split(e.model.layers, l, stage);
+    if (holds.embedding)
       units += vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
-    if (stage == l.pp - 1) {
-      const bool own_head = !e.model.tied_embeddings || l.pp > 1;
+    if (holds.loss) {
+      const bool own_head = !e.model.tied_embeddings || !holds.embedding;
       units += (own_head ? vocab_rows : 0.0) + d(norm_parameters(e.model));
     }
     out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;

@@ -140,16 +140,21 @@ double interleaved_activation_factor(int64_t pp, int64_t virtual_stages);
 ///  first_chunk_microbatches: how many of those chunks are the rank's first model chunk (the
 ///  one that holds the embedding on rank 0); Megatron orders forwards in groups of p
 ///  micro-batches per chunk: forward k runs chunk (k mod p v) / p.
+///  held_layers: the sum of the held chunks' own layer counts (models/pipeline_split.hpp;
+///  chunks x chunk_layers when the rank's chunks are even, as without the split options).
 struct PipelineInflight {
   int64_t warmup = 0;                    // forwards before the first backward
   int64_t chunks = 0;                    // chunks whose activations are held at the peak
-  int64_t chunk_layers = 0;              // layers per chunk, L / (p v)
+  int64_t chunk_layers = 0;              // layers of the rank's largest chunk (L / (p v) by default)
   int64_t first_chunk_microbatches = 0;  // micro-batches of the first chunk among them
+  int64_t held_layers = 0;               // layer activations held, in (micro-batch, layer) pairs
 };
-/// `layers` is model.layers. Without interleaving a chunk is the whole stage,
-/// stage_layer_count's (possibly uneven) split; interleaving needs p v | L.
-/// Throws InputError for stage outside [0, pp), accumulation < 1, vp < 1, layers < pp, or
-/// interleaving with p v not dividing `layers`.
+/// `layers` is model.layers. Without interleaving a chunk is the whole stage; chunks are
+/// split by pipeline_split (models/pipeline_split.hpp: uneven with its options, and by
+/// default without interleaving; interleaving by default needs p v | L).
+/// Throws InputError for stage outside [0, pp), accumulation < 1, vp < 1, or a split that
+/// pipeline_split refuses (by default: layers < pp, or interleaving with p v not dividing
+/// `layers`).
 PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation);
 
 /// Activations of one rank of a stage at its peak, bytes.
@@ -157,12 +162,13 @@ struct ActivationBreakdown {
   /// Model chunks held at the peak (pipeline_inflight().chunks): micro-batches for GPipe and
   /// 1F1B, (micro-batch, virtual stage) pairs for interleaved 1F1B.
   int64_t inflight = 0;
-  int64_t chunk_layers = 0;           // layers per chunk (stage layers / vp)
-  int64_t stage_layers = 0;           // layers of this pipeline rank (L / pp)
+  int64_t chunk_layers = 0;           // layers of the rank's largest chunk (stage layers / vp when even)
+  int64_t held_layers = 0;            // pipeline_inflight().held_layers
+  int64_t stage_layers = 0;           // layers of this pipeline rank (stage_layer_count)
   int64_t warmup = 0;                 // pipeline warm-up forwards of this rank
   double per_layer_bytes = 0;         // layer_activation_bytes for one micro-batch
-  double layers_bytes = 0;            // inflight x chunk_layers x per_layer_bytes
-  /// inflight x chunk_layers / stage layers: "micro-batches' worth" of a whole stage.
+  double layers_bytes = 0;            // held_layers x per_layer_bytes
+  /// held_layers / stage layers: "micro-batches' worth" of a whole stage.
   double inflight_microbatches() const;
   /// During the backward of one micro-batch with recompute, one layer's recomputed tensors
   /// are live: full -> a whole layer's no-recompute activations minus its stored input;

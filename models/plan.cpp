@@ -11,6 +11,10 @@
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
+#include "models/blocks/block_context.hpp"
+#include "models/blocks/layer.hpp"
+#include "models/pipeline_split.hpp"
+#include "models/schedules/schedule.hpp"
 
 namespace dtsim {
 
@@ -59,6 +63,24 @@ const char* to_string(Phase p) {
   return "?";
 }
 
+const char* to_string(BackwardPart p) {
+  switch (p) {
+    case BackwardPart::full: return "full";
+    case BackwardPart::input: return "input";
+    case BackwardPart::weight: return "weight";
+  }
+  return "?";
+}
+
+const char* to_string(Pass p) {
+  switch (p) {
+    case Pass::F: return "F";
+    case Pass::B: return "B";
+    case Pass::W: return "W";
+  }
+  return "?";
+}
+
 GradSyncPolicy grad_sync_policy(const Layout& l, const Training& t) {
   GradSyncPolicy g;
   g.group = l.dp * l.cp;
@@ -86,35 +108,10 @@ RingCost ring_cost(Collective c, int64_t n, double size_bytes) {
 
 namespace {
 
-constexpr double kAct = 2.0;  // bytes per bf16 activation / weight element
-// Backward of an element-wise kernel reads the forward input and the output gradient
-// and writes the input gradient: 3 tensors against the forward's 2 (1.5x); norms make a
-// second pass for the weight-gradient reduction (2x). Assumption of this cost model.
-constexpr double kElementwiseBwd = 1.5;
-constexpr double kNormBwd = 2.0;
-// Bytes per attention-score element moved by unfused attention in forward: write QK^T
-// (2), softmax read (2) + write (2), dropout read (2) + mask write (1) + write (2), AV read
-// (2) = 13; the tensors Korthikanti 2022 Sec 4.1 lists for the attention core.
-constexpr double kUnfusedScoreBytes = 13.0;
+using blocks::kAct;  // bytes per bf16 activation / weight element (models/blocks/block_context.hpp)
 // Fused Adam (apex/Megatron multi-tensor): read fp32 grad (4), read+write fp32 master,
 // m and v (24), write bf16 param (2) = 30 bytes per parameter.
 constexpr double kAdamBytesPerParam = 30.0;
-// Vocab-parallel cross entropy, bytes per logit element as Megatron's unfused
-// implementation moves them (megatron/core/tensor_parallel/cross_entropy.py, called on
-// logits.float(); the same kernels as Megatron-LM 2021's mpu/cross_entropy.py). Forward,
-// 6 kernels over the V/t logits of every token: the cast to fp32 (read 2 + write 4), max
-// (read 4), in-place subtract (4 + 4), in-place exp (4 + 4), sum (4), in-place divide to
-// the softmax kept for backward (4 + 4) = 38. Backward, 2 kernels: multiply by the
-// output gradient in place (4 + 4), cast back to bf16 for the LM head (4 + 2) = 14. The
-// per-token gathers and masks are ignored.
-constexpr double kCrossEntropyFwdBytes = 38.0;
-constexpr int32_t kCrossEntropyFwdKernels = 6;
-constexpr double kCrossEntropyBwdBytes = 14.0;
-constexpr int32_t kCrossEntropyBwdKernels = 2;
-// Chunks of Transformer Engine's "pipeline" GEMM + ReduceScatter overlap (num_splits 4 in
-// TE's userbuffers default configuration, transformer_engine/pytorch/module/base.py
-// initialize_ub; ring_exchange uses num_splits = TP). Op::overlap_splits.
-constexpr int32_t kTeReduceScatterSplits = 4;
 // Megatron-Core DistributedDataParallelConfig: bucket_size = max(40,000,000,
 // 1,000,000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
 constexpr double kMegatronBucketMinParams = 40e6;
@@ -123,379 +120,66 @@ constexpr double kMegatronBucketPerDpParams = 1e6;
 class Builder {
  public:
   Builder(const Experiment& e, StagePlan& sp, const PlanShape& shape)
-      : e_(e), m_(e.model), l_(e.layout), sp_(sp), shape_(shape) {
-    b_ = static_cast<double>(e.training.micro_batch);
-    s_ = static_cast<double>(shape.tokens_local);
+      : e_(e), m_(e.model), l_(e.layout), sp_(sp), shape_(shape), ctx_(e, sp, shape), blocks_(e.model) {
     t_ = static_cast<double>(l_.tp);
     h_ = static_cast<double>(m_.hidden);
-    f_ = static_cast<double>(m_.ffn_hidden);
-    kvd_ = static_cast<double>(m_.kv_heads * m_.head_dim());
-    V_ = static_cast<double>(m_.vocab);
     sp_on_ = l_.sequence_parallel && l_.tp > 1;
-    norm_tokens_ = b_ * s_ / (sp_on_ ? t_ : 1.0);
-    fwd_ = layer_forward_flops(m_, e.training.micro_batch, shape.tokens_local, e.training.seq_len);
     dpcp_ = l_.dp * l_.cp;
     g_ = grad_sync_policy(e);
-    layer_params_rank_ = layer_parameters_per_tp_rank(m_, l_.tp);
-    const bool flash = e.training.flash_attention;
-    attn_fwd_work_ = flash ? kFlashCausalWork : 1.0;
-    attn_bwd_work_ = flash ? kFlashCausalWork * kFlashBackwardWork / 2.0 : 1.0;
+    // The layer's blocks' parameters (models/blocks/layer.hpp; equal to flops.hpp's
+    // layer_parameters_per_tp_rank). Every layer is the same dense layer today.
+    layer_params_rank_ = blocks_.layer(0).parameters_per_tp_rank(m_, l_.tp);
   }
 
-  // ---- primitive appenders ----
+  // ---- primitive appenders (models/blocks/block_context.hpp) ----
+  // The blocks append through ctx_; these forward the builder's own ops (P2P, DP sync,
+  // optimizer) to it, stamped with the chunk being emitted (cur_chunk_).
   void compute(const char* name, Phase ph, int layer, int mb, KernelKind k, double flops, double bytes,
                int kernels = 1, double attention_work = 1.0) {
-    Op op;
-    op.type = OpType::compute;
-    op.name = name;
-    op.phase = ph;
-    op.layer = layer;
-    op.micro_batch = mb;
-    op.kernel = k;
-    op.flops = flops;
-    op.bytes = bytes;
-    op.kernels = kernels;
-    // Calibrated profile (cluster.gpu.profile) when it has the kernel, else the roofline.
-    const ComputeTime ct = compute_time(op, e_, attention_work);
-    op.time_s = ct.seconds;
-    op.time_source = ct.source;
-    op.chunk = cur_chunk_;
-    sp_.ops.push_back(op);
-  }
-  void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k) {
-    // (m x k) @ (k x n): read both operands, write the result.
-    compute(name, ph, layer, mb, KernelKind::gemm, flops, kAct * (m * k + k * n + m * n));
+    ctx().compute(name, ph, layer, mb, k, flops, bytes, kernels, attention_work);
   }
   void collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
                   double size) {
-    if (group_size(g) <= 1) return;
-    Op op;
-    op.type = OpType::collective;
-    op.name = name;
-    op.phase = ph;
-    op.layer = layer;
-    op.micro_batch = mb;
-    op.kind = kind;
-    op.collective = c;
-    op.reduce = reduce_op_for(kind, c);
-    op.group = g;
-    op.size_bytes = size;
-    op.chunk = cur_chunk_;
-    sp_.ops.push_back(op);
+    ctx().collective(name, ph, layer, mb, kind, c, g, size);
   }
   /// Returns the handle, or -1 when the group has one rank (nothing to wait for).
   int issue(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
             double size) {
-    if (group_size(g) <= 1) return -1;
-    Op op;
-    op.type = OpType::issue;
-    op.name = name;
-    op.phase = ph;
-    op.layer = layer;
-    op.micro_batch = mb;
-    op.kind = kind;
-    op.collective = c;
-    op.reduce = reduce_op_for(kind, c);
-    op.group = g;
-    op.size_bytes = size;
-    op.handle = sp_.handles++;
-    op.chunk = cur_chunk_;
-    sp_.ops.push_back(op);
-    return op.handle;
+    return ctx().issue(name, ph, layer, mb, kind, c, g, size);
   }
-  void wait(int handle, CommKind kind, int layer, int mb, Phase ph) {
-    if (handle < 0) return;
-    Op op;
-    op.type = OpType::wait;
-    op.name = "wait";
-    op.kind = kind;
-    op.handle = handle;
-    op.layer = layer;
-    op.micro_batch = mb;
-    op.phase = ph;
-    op.chunk = cur_chunk_;
-    sp_.ops.push_back(op);
-  }
+  void wait(int handle, CommKind kind, int layer, int mb, Phase ph) { ctx().wait(handle, kind, layer, mb, ph); }
   void p2p(OpType type, Direction dir, int mb, int chunk, int peer_stage) {
-    Op op;
-    op.chunk = chunk;
-    op.peer_stage = peer_stage;
-    op.type = type;
-    op.name = type == OpType::send ? (dir == Direction::forward ? "send_activation" : "send_grad")
-                                   : (dir == Direction::forward ? "recv_activation" : "recv_grad");
-    op.kind = CommKind::PP;
-    op.group = GroupKind::PP;
-    op.dir = dir;
-    op.micro_batch = mb;
-    op.phase = dir == Direction::forward ? Phase::forward : Phase::backward;
-    // Megatron scatter/gather optimisation (Narayanan 2021 Sec 4.1): each TP rank sends
-    // 1/t of the activation; with sequence parallel the tensor is already 1/t.
-    op.size_bytes = kAct * b_ * s_ * h_ / t_;
-    op.chunk = cur_chunk_;
-    sp_.ops.push_back(op);
-    if (type == OpType::recv && !sp_on_ && l_.tp > 1)
-      collective("pp_tp_allgather", op.phase, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
-                 kAct * b_ * s_ * h_);
+    ctx().p2p(type, dir, mb, chunk, peer_stage);
   }
+  int64_t group_size(GroupKind g) const { return ctx_.group_size(g); }
 
-  int64_t group_size(GroupKind g) const {
-    switch (g) {
-      case GroupKind::TP: return l_.tp;
-      case GroupKind::CP: return l_.cp;
-      case GroupKind::DP: return l_.dp;
-      case GroupKind::PP: return l_.pp;
-      case GroupKind::DPxCP: return l_.dp * l_.cp;
-      case GroupKind::EMB:
-        return l_.pp > 1 && (sp_.stage == 0 || sp_.stage == l_.pp - 1) ? 2 : 1;
-    }
-    return 1;
+  // ---- transformer layer, embedding, head (models/blocks/) ----
+  /// Forward (Phase::forward) or full recomputation (Phase::recompute) of one layer.
+  void layer_forward(int layer, int mb, Phase ph) { blocks_.layer(layer).forward(ctx(), layer, mb, ph); }
+  /// Backward of one layer, or its B or W part (BackwardPart, models/plan.hpp): the W part
+  /// is the four weight-gradient GEMMs in autograd order (mlp_down, mlp_up, out_proj, qkv)
+  /// with the SP re-gathers of the column-parallel inputs; norm weight gradients stay in B
+  /// (fused in the norm's backward kernel; zero-bubble defers only the linear layers'
+  /// wgrad GEMMs).
+  void layer_backward(int layer, int mb, BackwardPart part = BackwardPart::full) {
+    blocks_.layer(layer).backward(ctx(), layer, mb, part);
   }
-
-  // ---- transformer layer ----
-  void norm(const char* name, Phase ph, int layer, int mb) {
-    const double bytes = kAct * 2.0 * norm_tokens_ * h_;
-    if (ph == Phase::backward)
-      compute(name, ph, layer, mb, KernelKind::memory, 0, bytes * kNormBwd);
-    else
-      compute(name, ph, layer, mb, KernelKind::memory, 0, bytes);
-  }
-  void dropout_residual(const char* name, Phase ph, int layer, int mb) {
-    // read input and residual, write output (2 B each) and the 1-byte dropout mask.
-    const double bytes = norm_tokens_ * h_ * (3 * kAct + 1);
-    compute(name, ph, layer, mb, KernelKind::memory, 0, ph == Phase::backward ? bytes * kElementwiseBwd : bytes);
-  }
-  /// `te_overlap`: the GEMM that follows is a Transformer Engine linear layer (userbuffers
-  /// overlap applies); the LM head is Megatron's own ColumnParallelLinear (no overlap).
-  void tp_enter(Phase ph, int layer, int mb, const char* name, bool te_overlap = true) {
-    // Forward: SP AllGathers the sequence-sharded norm output (g). No SP: identity.
-    if (sp_on_) {
-      collective(name, ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * b_ * s_ * h_);
-      if (te_overlap) overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "qkv_fprop"/"fc1_fprop"
-    }
-  }
-  void tp_exit(Phase ph, int layer, int mb, const char* name) {
-    // Forward: SUM of the row-parallel partial outputs (AllReduce, or ReduceScatter with SP).
-    collective(name, ph, layer, mb, CommKind::TP, sp_on_ ? Collective::ReduceScatter : Collective::AllReduce,
-               GroupKind::TP, kAct * b_ * s_ * h_);
-    if (sp_on_) overlap_with_gemm(kTeReduceScatterSplits);  // TE "proj_fprop"/"fc2_fprop": pipeline
-  }
-  /// Marks the TP collective just appended as pipelined with its GEMM (Op::overlap_splits)
-  /// when training.tp_comm_overlap is on (validation requires sequence parallelism).
-  void overlap_with_gemm(int32_t splits) {
-    if (!e_.training.tp_comm_overlap || sp_.ops.empty()) return;
-    Op& op = sp_.ops.back();
-    op.overlap_splits = splits;
-    op.handle = sp_.handles++;
-  }
-
-  /// Marks the wait just appended (for the CP K/V AllGather) as a ring of cp - 1 remote
-  /// blocks: ring attention (Liu et al. 2023, arXiv 2310.01889, Sec 3; Megatron-Core / TE
-  /// context parallelism, attn_forward_func_with_cp) computes block i while block i + 1
-  /// travels, so only the last block waits for the whole exchange (Op::overlap_splits).
-  void ring_blocks() {
-    if (l_.cp > 2 && !sp_.ops.empty() && sp_.ops.back().type == OpType::wait)
-      sp_.ops.back().overlap_splits = static_cast<int32_t>(l_.cp);
-  }
-
+  /// Selective recomputation (ph = Phase::recompute) before a layer's backward: the
+  /// attention core (Korthikanti 2022 Sec 5).
   void attention_core_forward(Phase ph, int layer, int mb) {
-    const double heads_local = static_cast<double>(m_.heads) / t_;
-    const double S = static_cast<double>(e_.training.seq_len);
-    const double flops = (fwd_.attention_scores + fwd_.attention_values) / t_;
-    int cp_handle = -1;
-    if (l_.cp > 1) {
-      const double kv_block = kAct * 2.0 * b_ * s_ * kvd_ / t_;
-      cp_handle = issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP,
-                        kv_block * static_cast<double>(l_.cp));
-    }
-    const double cpf = static_cast<double>(l_.cp);
-    if (e_.training.flash_attention) {
-      const double bytes = kAct * b_ * (s_ * (2 * h_) + S * 2 * kvd_) / t_;
-      if (cp_handle >= 0) {
-        compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
-                attn_fwd_work_);
-        wait(cp_handle, CommKind::CP, layer, mb, ph);
-        ring_blocks();
-        compute("attention_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
-                bytes * (cpf - 1) / cpf, static_cast<int>(l_.cp - 1), attn_fwd_work_);
-      } else {
-        compute("attention", ph, layer, mb, KernelKind::attention, flops, bytes, 1, attn_fwd_work_);
-      }
-    } else {
-      wait(cp_handle, CommKind::CP, layer, mb, ph);
-      const double hd = static_cast<double>(m_.head_dim());
-      const double batch_heads = b_ * heads_local;
-      gemm("attention_scores", ph, layer, mb, fwd_.attention_scores / t_, batch_heads * s_, S, hd);
-      compute("softmax_dropout", ph, layer, mb, KernelKind::memory, 0,
-              batch_heads * s_ * S * kUnfusedScoreBytes, 2);
-      gemm("attention_values", ph, layer, mb, fwd_.attention_values / t_, batch_heads * s_, hd, S);
-    }
+    (void)ph;  // always Phase::recompute: the forward runs the core inside layer_forward
+    blocks_.layer(layer).selective_recompute(ctx(), layer, mb);
   }
-
-  void attention_core_backward(int layer, int mb) {
-    const Phase ph = Phase::backward;
-    const double heads_local = static_cast<double>(m_.heads) / t_;
-    const double S = static_cast<double>(e_.training.seq_len);
-    const double flops = 2.0 * (fwd_.attention_scores + fwd_.attention_values) / t_;
-    const double cpf = static_cast<double>(l_.cp);
-    int kv = -1;
-    const double kv_size = kAct * 2.0 * b_ * s_ * kvd_ / t_ * cpf;
-    if (l_.cp > 1) kv = issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP, kv_size);
-    if (e_.training.flash_attention) {
-      const double bytes = kAct * b_ * (s_ * (4 * h_) + S * 4 * kvd_) / t_;
-      if (kv >= 0) {
-        compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
-                attn_bwd_work_);
-        wait(kv, CommKind::CP, layer, mb, ph);
-        ring_blocks();
-        const int dkv = issue("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter,
-                              GroupKind::CP, kv_size);
-        compute("attention_bwd_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
-                bytes * (cpf - 1) / cpf, static_cast<int>(l_.cp - 1), attn_bwd_work_);
-        wait(dkv, CommKind::CP, layer, mb, ph);
-      } else {
-        compute("attention_bwd", ph, layer, mb, KernelKind::attention, flops, bytes, 1, attn_bwd_work_);
-      }
-    } else {
-      wait(kv, CommKind::CP, layer, mb, ph);
-      const double hd = static_cast<double>(m_.head_dim());
-      const double batch_heads = b_ * heads_local;
-      gemm("attention_values_bwd", ph, layer, mb, 2.0 * fwd_.attention_values / t_, batch_heads * s_, hd, S);
-      compute("softmax_dropout_bwd", ph, layer, mb, KernelKind::memory, 0,
-              batch_heads * s_ * S * kUnfusedScoreBytes * kElementwiseBwd, 2);
-      gemm("attention_scores_bwd", ph, layer, mb, 2.0 * fwd_.attention_scores / t_, batch_heads * s_, S, hd);
-      if (l_.cp > 1)
-        collective("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter, GroupKind::CP,
-                   kv_size);
-    }
+  void embedding_forward(int mb) { blocks_.embedding().forward(ctx(), -1, mb, Phase::forward); }
+  /// All of the embedding's backward is W (BackwardPart::input emits nothing).
+  void embedding_backward(int mb, BackwardPart part = BackwardPart::full) {
+    blocks_.embedding().backward(ctx(), -1, mb, part);
   }
-
-  void layer_forward(int layer, int mb, Phase ph) {
-    const double tok = b_ * s_;
-    norm("input_norm", ph, layer, mb);
-    tp_enter(ph, layer, mb, "tp_allgather");
-    gemm("qkv", ph, layer, mb, fwd_.qkv / t_, tok, (h_ + 2 * kvd_) / t_, h_);
-    if (m_.position == Position::rope)
-      compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (h_ + kvd_) / t_);
-    attention_core_forward(ph, layer, mb);
-    gemm("out_proj", ph, layer, mb, fwd_.out_proj / t_, tok, h_, h_ / t_);
-    tp_exit(ph, layer, mb, sp_on_ ? "tp_reducescatter" : "tp_allreduce");
-    dropout_residual("dropout_residual", ph, layer, mb);
-    norm("post_attention_norm", ph, layer, mb);
-    tp_enter(ph, layer, mb, "tp_allgather");
-    gemm("mlp_up", ph, layer, mb, fwd_.mlp_up / t_, tok, f_ / t_, h_);
-    if (m_.activation == Activation::swiglu) {
-      gemm("mlp_gate", ph, layer, mb, fwd_.mlp_gate / t_, tok, f_ / t_, h_);
-      compute("swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * f_ / t_);
-    } else {
-      compute("gelu", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * f_ / t_);
-    }
-    gemm("mlp_down", ph, layer, mb, fwd_.mlp_down / t_, tok, h_, f_ / t_);
-    tp_exit(ph, layer, mb, sp_on_ ? "tp_reducescatter" : "tp_allreduce");
-    dropout_residual("dropout_residual", ph, layer, mb);
-  }
-
-  /// Backward of a column-parallel input region, as Megatron-LM's
-  /// LinearWithGradAccumulationAndAsyncCommunication does it (tensor_parallel/layers.py;
-  /// Korthikanti 2022 Sec 4.2.2): with SP the all-gathered input is gathered again while
-  /// the input gradient is computed; then the input gradient is summed over TP
-  /// (ReduceScatter back to the sequence shards with SP, AllReduce without) asynchronously
-  /// while the weight gradient is computed, and waited for after it.
-  template <class Dgrad, class Wgrad>
-  void column_parallel_backward(int layer, int mb, Dgrad dgrad, Wgrad wgrad) {
-    const Phase ph = Phase::backward;
-    int regather = -1;
-    if (sp_on_)
-      regather = issue("tp_allgather_input", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
-                       kAct * b_ * s_ * h_);
-    dgrad();
-    wait(regather, CommKind::TP, layer, mb, ph);
-    const int reduce = issue(sp_on_ ? "tp_reducescatter" : "tp_allreduce", ph, layer, mb, CommKind::TP,
-                             sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP,
-                             kAct * b_ * s_ * h_);
-    wgrad();
-    wait(reduce, CommKind::TP, layer, mb, ph);
-  }
-
-  void layer_backward(int layer, int mb) {
-    const Phase ph = Phase::backward;
-    const double tok = b_ * s_;
-    dropout_residual("dropout_residual_bwd", ph, layer, mb);
-    if (sp_on_) {  // backward of the forward ReduceScatter
-      collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
-      overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "fc2_dgrad": ring_exchange
-    }
-    gemm("mlp_down_dgrad", ph, layer, mb, fwd_.mlp_down / t_, tok, f_ / t_, h_);
-    gemm("mlp_down_wgrad", ph, layer, mb, fwd_.mlp_down / t_, f_ / t_, h_, tok);
-    if (m_.activation == Activation::swiglu)
-      compute("swiglu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * f_ / t_ * kElementwiseBwd);
-    else
-      compute("gelu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * f_ / t_ * kElementwiseBwd);
-    const double up_flops = (fwd_.mlp_up + fwd_.mlp_gate) / t_;
-    const double up_n = (m_.activation == Activation::swiglu ? 2.0 : 1.0) * f_ / t_;
-    column_parallel_backward(
-        layer, mb, [&] { gemm("mlp_up_dgrad", ph, layer, mb, up_flops, tok, h_, up_n); },
-        [&] { gemm("mlp_up_wgrad", ph, layer, mb, up_flops, h_, up_n, tok); });
-    norm("post_attention_norm_bwd", ph, layer, mb);
-    dropout_residual("dropout_residual_bwd", ph, layer, mb);
-    if (sp_on_) {
-      collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * h_);
-      overlap_with_gemm(static_cast<int32_t>(l_.tp));  // TE "proj_dgrad": ring_exchange
-    }
-    gemm("out_proj_dgrad", ph, layer, mb, fwd_.out_proj / t_, tok, h_ / t_, h_);
-    gemm("out_proj_wgrad", ph, layer, mb, fwd_.out_proj / t_, h_ / t_, h_, tok);
-    attention_core_backward(layer, mb);
-    if (m_.position == Position::rope)
-      compute("rope_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (h_ + kvd_) / t_);
-    const double qkv_n = (h_ + 2 * kvd_) / t_;
-    column_parallel_backward(
-        layer, mb, [&] { gemm("qkv_dgrad", ph, layer, mb, fwd_.qkv / t_, tok, h_, qkv_n); },
-        [&] { gemm("qkv_wgrad", ph, layer, mb, fwd_.qkv / t_, h_, qkv_n, tok); });
-    norm("input_norm_bwd", ph, layer, mb);
-  }
-
-  // ---- embedding, head, loss ----
-  void embedding_forward(int mb) {
-    const double tok = b_ * s_;
-    // Vocab-parallel lookup: gather rows (read + write), add positions when learned.
-    const double extra = m_.position == Position::learned ? 2.0 : 0.0;
-    compute("embedding", Phase::forward, -1, mb, KernelKind::memory, 0, kAct * (2.0 + extra) * tok * h_);
-    collective(sp_on_ ? "tp_reducescatter" : "tp_allreduce", Phase::forward, -1, mb, CommKind::TP,
-               sp_on_ ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * tok * h_);
-  }
-  void embedding_backward(int mb) {
-    const double tok = b_ * s_;
-    if (sp_on_)
-      collective("tp_allgather", Phase::backward, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP,
-                 kAct * tok * h_);
-    // Scatter-add of the output gradient into the fp32 embedding gradient.
-    compute("embedding_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, (kAct + 8.0) * tok * h_);
-  }
-  void head_forward(int mb) {
-    const double tok = b_ * s_;
-    norm("final_norm", Phase::forward, -1, mb);
-    tp_enter(Phase::forward, -1, mb, "tp_allgather", false);
-    gemm("lm_head", Phase::forward, -1, mb, lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_,
-         tok, V_ / t_, h_);
-    compute("cross_entropy", Phase::forward, -1, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * V_ / t_,
-            kCrossEntropyFwdKernels);
-    // Vocab-parallel cross entropy (Megatron-LM tensor_parallel/cross_entropy.py): the
-    // logits' maximum (MAX), then the target logit and the sum of exponentials (SUM),
-    // fp32 per token.
-    for (int i = 0; i < 3; ++i) {
-      collective(i == 0 ? "tp_allreduce_loss_max" : "tp_allreduce_loss", Phase::forward, -1, mb, CommKind::TP,
-                 Collective::AllReduce, GroupKind::TP, 4.0 * tok);
-      if (i == 0 && !sp_.ops.empty() && sp_.ops.back().type == OpType::collective) sp_.ops.back().reduce = ReduceOp::max;
-    }
-  }
-  void head_backward(int mb) {
-    const double tok = b_ * s_;
-    compute("cross_entropy_bwd", Phase::backward, -1, mb, KernelKind::memory, 0, kCrossEntropyBwdBytes * tok * V_ / t_,
-            kCrossEntropyBwdKernels);
-    const double fl = lm_head_forward_flops(m_, e_.training.micro_batch, shape_.tokens_local) / t_;
-    column_parallel_backward(
-        -1, mb, [&] { gemm("lm_head_dgrad", Phase::backward, -1, mb, fl, tok, h_, V_ / t_); },
-        [&] { gemm("lm_head_wgrad", Phase::backward, -1, mb, fl, h_, V_ / t_, tok); });
-    norm("final_norm_bwd", Phase::backward, -1, mb);
+  void head_forward(int mb) { blocks_.head().forward(ctx(), -1, mb, Phase::forward); }
+  /// Backward of the loss, LM head and final norm, or its B or W part (BackwardPart):
+  /// W is lm_head_wgrad (with SP, after re-gathering the final norm's output).
+  void head_backward(int mb, BackwardPart part = BackwardPart::full) {
+    blocks_.head().backward(ctx(), -1, mb, part);
   }
 
   // ---- data-parallel gradient sync and ZeRO ----
@@ -540,7 +224,7 @@ class Builder {
   /// parameters the same way across DP replicas"). Found missing by dtsim verify.
   bool word_embedding_own_bucket() const {
     return m_.tied_embeddings && l_.pp > 1 && g_.collective == Collective::ReduceScatter && dp_active() &&
-           (sp_.stage == 0 || sp_.stage == l_.pp - 1);
+           rank_holds_.embedding != rank_holds_.loss;
   }
   /// The non-layer gradients of `params` elements are complete: the first stage's
   /// embedding (`first`) or the last stage's head. Megatron-Core fills buckets in reverse
@@ -577,40 +261,52 @@ class Builder {
   }
 
   // ---- one model chunk (virtual stage) of this pipeline rank ----
-  // Rank r holds chunks c = 0..v-1, chunk c being virtual stage c*p + r (Megatron-LM
-  // interleaved schedule, Narayanan 2021 Sec 2.2.2); without interleaving v = 1.
+  // Rank r holds chunks c = 0..v-1, chunk c being virtual stage virtual_stage_of(l, r, c)
+  // (models/pipeline_split.hpp; c*p + r under Megatron-LM's interleaving, Narayanan 2021
+  // Sec 2.2.2); without interleaving v = 1.
   struct Chunk {
     int index = 0;
     int64_t first_layer = 0, layers = 0;
     bool first = false, last = false;  // first / last virtual stage of the model
   };
+  // The split of layers, embedding and loss over virtual stages (models/pipeline_split.hpp,
+  // possibly uneven; a chunk may hold no layer when it holds the embedding or the loss).
+  mutable std::vector<VirtualStage> split_;
   Chunk chunk(int c) const {
-    const int64_t p = l_.pp, v = l_.vp;
-    const int64_t vs = c * p + sp_.stage;
+    if (split_.empty()) split_ = pipeline_split(m_, l_);
+    const VirtualStage& vs = split_[static_cast<size_t>(virtual_stage_of(l_, sp_.stage, c))];
     Chunk ch;
     ch.index = c;
-    if (v == 1) {  // possibly uneven stages (models/flops.hpp stage_layer_count)
-      ch.layers = sp_.layers;
-      ch.first_layer = sp_.first_layer;
-    } else {       // interleaving requires pp * vp | layers (validated)
-      ch.layers = m_.layers / (p * v);
-      ch.first_layer = vs * ch.layers;
-    }
-    ch.first = vs == 0;
-    ch.last = vs == p * v - 1;
+    ch.layers = vs.layers;
+    ch.first_layer = vs.first_layer;
+    ch.first = vs.embedding;
+    ch.last = vs.loss;
     return ch;
   }
-  int prev_rank() const { return static_cast<int>((sp_.stage + l_.pp - 1) % l_.pp); }
-  int next_rank() const { return static_cast<int>((sp_.stage + 1) % l_.pp); }
-  /// Gradients are reduced on the last micro-batch (Megatron DDP and distributed
+  /// Gradients are reduced on the chunk's last micro-batch (Megatron DDP and distributed
   /// optimizer) or on every micro-batch (ZeRO-2/3; reduce_every_micro_batch):
-  /// GradSyncPolicy::every_micro_batch.
-  bool reduce_now(int mb) const { return g_.every_micro_batch || mb == shape_.micro_batches - 1; }
+  /// GradSyncPolicy::every_micro_batch. A chunk's last micro-batch is the step's last, except
+  /// with DualPipe, whose two directions each carry half of them.
+  bool reduce_now(int c, int mb) const {
+    return g_.every_micro_batch || mb == last_mb_[static_cast<size_t>(c)];
+  }
+
+  /// The pipeline message of chunk `c` to or from the chunk `to` (Place from the schedule):
+  /// nothing when there is none or it sits on this rank (a V turn: a local hand-over).
+  void p2p_with(OpType type, Direction dir, int mb, int c, const sched::Place& to) {
+    if (!to.valid() || to.rank == sp_.stage) return;
+    p2p(type, dir, mb, c, static_cast<int>(to.rank));
+    for (auto it = sp_.ops.rbegin(); it != sp_.ops.rend(); ++it)
+      if (it->type == type) {
+        it->peer_chunk = static_cast<int32_t>(to.chunk);
+        break;
+      }
+  }
 
   void chunk_forward(int c, int mb) {
     const Chunk ch = chunk(c);
     cur_chunk_ = c;
-    if (!ch.first) p2p(OpType::recv, Direction::forward, mb, c, prev_rank());
+    p2p_with(OpType::recv, Direction::forward, mb, c, sched_->prev(dims_, sp_.stage, c, mb));
     if (ch.first) embedding_forward(mb);
     int next = ch.layers > 0 ? first_use_gather(static_cast<int>(ch.first_layer), mb, Phase::forward) : -1;
     for (int64_t i = 0; i < ch.layers; ++i) {
@@ -621,17 +317,22 @@ class Builder {
       layer_forward(layer, mb, Phase::forward);
     }
     if (ch.last) head_forward(mb);
-    if (!ch.last) p2p(OpType::send, Direction::forward, mb, c, next_rank());
+    p2p_with(OpType::send, Direction::forward, mb, c, sched_->next(dims_, sp_.stage, c, mb));
   }
 
-  void chunk_backward(int c, int mb) {
+  /// The backward of chunk `c` for micro-batch `mb`: fused (BackwardPart::full, the BW of
+  /// models/schedules/schedule.hpp) or its input-gradient part B (BackwardPart::input), whose
+  /// weight-gradient part W chunk_weight() emits later. The DP gradient bookkeeping follows
+  /// the weight gradients, so it runs here only for a fused backward.
+  void chunk_backward(int c, int mb, BackwardPart part) {
     const Chunk ch = chunk(c);
     cur_chunk_ = c;
-    const bool sync = reduce_now(mb);
-    if (!ch.last) p2p(OpType::recv, Direction::backward, mb, c, next_rank());
+    const bool fused = part == BackwardPart::full;
+    const bool sync = reduce_now(c, mb);
+    p2p_with(OpType::recv, Direction::backward, mb, c, sched_->next(dims_, sp_.stage, c, mb));
     if (ch.last) {
-      head_backward(mb);
-      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
+      head_backward(mb, part);
+      if (fused) edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
     }
     int next = ch.layers > 0 ? zero3_gather(static_cast<int>(ch.first_layer + ch.layers - 1), mb, Phase::backward) : -1;
     for (int64_t i = ch.layers - 1; i >= 0; --i) {
@@ -641,22 +342,49 @@ class Builder {
       wait(cur, CommKind::DP, layer, mb, Phase::backward);
       if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
       if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
-      layer_backward(layer, mb);
+      layer_backward(layer, mb, part);
+      if (fused) grads_ready(layer_params_rank_, layer, mb, sync);
+    }
+    if (ch.first && fused) {
+      embedding_backward(mb, part);
+      edge_grads_ready(embedding_params_rank(), mb, sync, /*first=*/true);
+    }
+    if (fused) chunk_gradients_done(mb, sync);
+    p2p_with(OpType::send, Direction::backward, mb, c, sched_->prev(dims_, sp_.stage, c, mb));
+  }
+
+  /// The deferred weight-gradient part W of chunk `c` for micro-batch `mb` (Qi et al. 2024
+  /// Sec 2): the weight-gradient GEMMs in the backward's order, then the DP bookkeeping
+  /// that a fused backward does. Nothing waits for it but the DP sync and the optimizer.
+  void chunk_weight(int c, int mb) {
+    const Chunk ch = chunk(c);
+    cur_chunk_ = c;
+    const bool sync = reduce_now(c, mb);
+    if (ch.last) {
+      head_backward(mb, BackwardPart::weight);
+      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
+    }
+    for (int64_t i = ch.layers - 1; i >= 0; --i) {
+      const int layer = static_cast<int>(ch.first_layer + i);
+      layer_backward(layer, mb, BackwardPart::weight);
       grads_ready(layer_params_rank_, layer, mb, sync);
     }
     if (ch.first) {
-      embedding_backward(mb);
+      embedding_backward(mb, BackwardPart::weight);
       edge_grads_ready(embedding_params_rank(), mb, sync, /*first=*/true);
     }
-    // Reducing every micro-batch (ZeRO-2, DeepSpeed): this micro-batch's gradients leave
-    // now, in whatever bucket is still open, so buckets never mix micro-batches. Only the
-    // step's last backward leaves its bucket to finish_step; with interleaving that is
-    // chunk 0 of the last micro-batch, and the last micro-batch's other chunks, which run
-    // between other micro-batches' chunks, are flushed at their own end.
-    const int64_t backwards = shape_.micro_batches * (l_.schedule == Schedule::interleaved ? l_.vp : 1);
-    const bool last_backward = ++backwards_ == backwards;
+    chunk_gradients_done(mb, sync);
+  }
+
+  /// A chunk's gradients of one micro-batch are complete. Reducing every micro-batch (ZeRO-2,
+  /// DeepSpeed): this micro-batch's gradients leave now, in whatever bucket is still open, so
+  /// buckets never mix micro-batches. Only the step's last chunk-backward leaves its bucket to
+  /// finish_step; with interleaving that is chunk 0 of the last micro-batch, and the last
+  /// micro-batch's other chunks, which run between other micro-batches' chunks, are flushed
+  /// at their own end.
+  void chunk_gradients_done(int mb, bool sync) {
+    const bool last_backward = ++backwards_ == backwards_total_;
     if (sync && g_.every_micro_batch && !g_.per_layer && !last_backward) flush_pending(-1, mb);
-    if (!ch.first) p2p(OpType::send, Direction::backward, mb, c, prev_rank());
   }
 
   /// Sends the open bucket: asynchronously with overlap_grad_reduce, else blocking.
@@ -701,7 +429,7 @@ class Builder {
   double head_params_rank() const {
     double vocab_rows = 0;
     if (!m_.tied_embeddings) vocab_rows = static_cast<double>(lm_head_parameters(m_));
-    else if (l_.pp > 1) vocab_rows = static_cast<double>(m_.vocab * m_.hidden);
+    else if (!rank_holds_.embedding) vocab_rows = static_cast<double>(m_.vocab * m_.hidden);  // Megatron's copy
     return vocab_rows / t_ + static_cast<double>(norm_parameters(m_));
   }
   /// The first stage's embedding parameters on one rank: whatever the stage holds beyond
@@ -709,54 +437,26 @@ class Builder {
   /// of stage_parameters_per_rank has its gradient reduced exactly once.
   double embedding_params_rank() const {
     double rest = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
-    if (sp_.stage == l_.pp - 1) rest -= head_params_rank();
+    if (rank_holds_.loss) rest -= head_params_rank();
     return rest;
   }
 
-  /// Emits the compute-stream order of one step for this pipeline rank.
-  void schedule() {
-    const int64_t m = shape_.micro_batches, p = l_.pp, r = sp_.stage;
-    switch (l_.schedule) {
-      case Schedule::gpipe:
-        // GPipe (Huang 2019): every forward, then every backward.
-        for (int64_t i = 0; i < m; ++i) chunk_forward(0, static_cast<int>(i));
-        for (int64_t i = 0; i < m; ++i) chunk_backward(0, static_cast<int>(i));
-        return;
-      case Schedule::one_f_one_b: {
-        // 1F1B (PipeDream-Flush; Narayanan 2021 Sec 2.2.1): stage r runs min(p - r - 1, m)
-        // warm-up forwards, then alternates one forward and one backward, then drains.
-        const int64_t warmup = std::min<int64_t>(p - r - 1, m);
-        int64_t f = 0, bwd = 0;
-        for (; f < warmup; ++f) chunk_forward(0, static_cast<int>(f));
-        for (; f < m; ++f) {
-          chunk_forward(0, static_cast<int>(f));
-          chunk_backward(0, static_cast<int>(bwd++));
-        }
-        for (; bwd < m; ++bwd) chunk_backward(0, static_cast<int>(bwd));
-        return;
-      }
-      case Schedule::interleaved: {
-        // Interleaved 1F1B with v model chunks per rank (Narayanan 2021 Sec 2.2.2), with
-        // Megatron-LM's counts (schedules.py forward_backward_pipelining_with_interleaving):
-        // warm-up = (p - r - 1) * 2 + (v - 1) * p virtual micro-batches, capped at m v;
-        // virtual micro-batch k runs chunk (k / p) % v (reversed in backward) of
-        // micro-batch (k / (p v)) p + k % p.
-        const int64_t v = l_.vp, total = m * v;
-        const int64_t warmup = std::min<int64_t>((p - r - 1) * 2 + (v - 1) * p, total);
-        auto fwd = [&](int64_t k) {
-          chunk_forward(static_cast<int>((k / p) % v), static_cast<int>((k / (p * v)) * p + k % p));
-        };
-        auto bwd = [&](int64_t k) {
-          chunk_backward(static_cast<int>(v - 1 - (k / p) % v), static_cast<int>((k / (p * v)) * p + k % p));
-        };
-        int64_t f = 0, b = 0;
-        for (; f < warmup; ++f) fwd(f);
-        for (; f < total; ++f) {
-          fwd(f);
-          bwd(b++);
-        }
-        for (; b < total; ++b) bwd(b);
-        return;
+  /// Emits the compute-stream order of one step for this pipeline rank: the registered
+  /// schedule's order (models/schedules/), one chunk pass per step.
+  void schedule(const std::vector<sched::Step>& order) {
+    last_mb_.assign(static_cast<size_t>(sched_->chunks(dims_)), -1);
+    backwards_total_ = 0;
+    for (const sched::Step& st : order) {
+      if (st.pass == sched::Pass::F)
+        last_mb_[static_cast<size_t>(st.chunk)] = std::max(last_mb_[static_cast<size_t>(st.chunk)], st.mb);
+      if (st.pass == sched::Pass::BW || st.pass == sched::Pass::W) ++backwards_total_;
+    }
+    for (const sched::Step& st : order) {
+      switch (st.pass) {
+        case sched::Pass::F: chunk_forward(st.chunk, st.mb); break;
+        case sched::Pass::BW: chunk_backward(st.chunk, st.mb, BackwardPart::full); break;
+        case sched::Pass::B: chunk_backward(st.chunk, st.mb, BackwardPart::input); break;
+        case sched::Pass::W: chunk_weight(st.chunk, st.mb); break;
       }
     }
   }
@@ -773,11 +473,27 @@ class Builder {
     // Counted as PP communication (models/result.hpp CommStats): the embedding group is the
     // first and last rank of a pipeline group, and the AllReduce exists because PP splits
     // the tied weight (reports/explain.cpp lists it under PP too).
-    if (m_.tied_embeddings && l_.pp > 1 && (sp_.stage == 0 || sp_.stage == l_.pp - 1))
+    // (DualPipe: the first and last rank each hold embedding and head, and the mirror sum
+    // below adds their copies.)
+    // (A rank that holds both, as rank 0 under DualPipeV, ties them locally: no copy.)
+    if (m_.tied_embeddings && l_.pp > 1 && !sched_->params_twice() && rank_holds_.embedding != rank_holds_.loss)
       collective("embedding_grad_allreduce", Phase::optimizer, -1, mb, CommKind::PP, Collective::AllReduce,
                  GroupKind::EMB, static_cast<double>(m_.vocab * m_.hidden) / t_ * shape_.grad_bytes_per_param);
     if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "embedding_grad_allreduce")
       sp_.ops.back().reduce = ReduceOp::sum;  // two copies' partial gradients of one weight
+    // DualPipe: ranks r and pp - 1 - r hold the same stages (each a copy) and SUM their
+    // gradients before the optimizer (DeepSeek-V3 report Sec 3.2.1), after the DP sync as the
+    // tied embedding's. Each chunk's gradients fill buckets of their own in layer order, so
+    // both copies shard alike and, with a sharded optimizer, the ranks add only the shard
+    // they own (the rule Megatron-Core applies to the tied embedding,
+    // _does_param_require_new_bucket). PP communication, as the embedding's.
+    if (sched_->params_twice() && l_.pp > 1) {
+      const double owned_grads = sp_.params_per_rank / (g_.sharded_optimizer ? static_cast<double>(dpcp_) : 1.0);
+      collective("dualpipe_grad_allreduce", Phase::optimizer, -1, mb, CommKind::PP, Collective::AllReduce,
+                 GroupKind::MIRROR, owned_grads * shape_.grad_bytes_per_param);
+      if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "dualpipe_grad_allreduce")
+        sp_.ops.back().reduce = ReduceOp::sum;
+    }
     // Sequence parallel: parameters replicated over TP but applied to sequence shards
     // (norm weights and biases, row-parallel biases) hold TP partial gradients, summed
     // over TP after the DP sync (Megatron-LM finalize_model_grads.py
@@ -785,7 +501,7 @@ class Builder {
     if (sp_on_) {
       double replicated = static_cast<double>(sp_.layers) *
                           (2.0 * static_cast<double>(norm_parameters(m_)) + (has_linear_biases(m_) ? 2.0 * h_ : 0.0));
-      if (sp_.stage == l_.pp - 1) replicated += static_cast<double>(norm_parameters(m_));
+      if (rank_holds_.loss) replicated += static_cast<double>(norm_parameters(m_));
       collective("tp_sp_grad_allreduce", Phase::optimizer, -1, mb, CommKind::TP, Collective::AllReduce, GroupKind::TP,
                  replicated * shape_.grad_bytes_per_param);
     }
@@ -816,19 +532,30 @@ class Builder {
   StagePlan& sp_;
   const PlanShape& shape_;
   GradSyncPolicy g_;
-  double b_ = 0, s_ = 0, t_ = 1, h_ = 0, f_ = 0, kvd_ = 0, V_ = 0;
+  double t_ = 1, h_ = 0;
   bool sp_on_ = false;
-  double norm_tokens_ = 0;
-  ForwardFlops fwd_;
   int64_t dpcp_ = 1;
   double layer_params_rank_ = 0;
-  double attn_fwd_work_ = 1, attn_bwd_work_ = 1;
   double pending_params_ = 0;
   double pending_word_ = 0;  // bytes of the tied word embedding's own bucket, not sent yet
   std::vector<int> dp_handles_;
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
   int cur_chunk_ = 0;       // model chunk being emitted
-  int64_t backwards_ = 0;   // chunk backwards emitted so far
+  int64_t backwards_ = 0;   // chunk gradients completed so far (BW or W passes)
+  int64_t backwards_total_ = 0;  // ... in the whole step
+  const sched::PipelineSchedule* sched_ = &sched::schedule_of(e_.layout.schedule);
+  sched::Dims dims_ = sched::dims_of(e_.layout, shape_.micro_batches);
+  std::vector<int> last_mb_;  // per chunk: its last micro-batch of the step
+  /// Which of the embedding and the loss this rank's chunks hold (models/pipeline_split.hpp;
+  /// both with pp == 1, and on the first and last rank under DualPipe).
+  RankSplit rank_holds_ = rank_split(m_.layers, l_, sp_.stage);
+  blocks::BlockContext ctx_;    // the blocks' appenders and sizes (models/blocks/block_context.hpp)
+  blocks::ModelBlocks blocks_;  // embedding, layers, head (models/blocks/layer.hpp)
+  /// The context, stamped with the chunk being emitted.
+  blocks::BlockContext& ctx() {
+    ctx_.cur_chunk = cur_chunk_;
+    return ctx_;
+  }
 };
 
 }  // namespace
@@ -848,6 +575,8 @@ StepPlan build_step_plan(const Experiment& exp) {
       exp.training.grad_bucket_bytes > 0
           ? exp.training.grad_bucket_bytes / static_cast<double>(plan.shape.grad_bytes_per_param)
           : std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
+  const sched::PipelineSchedule& schedule = sched::schedule_of(l.schedule);
+  const auto orders = schedule.order(sched::dims_of(l, plan.shape.micro_batches));
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan sp;
     sp.stage = s;
@@ -856,11 +585,32 @@ StepPlan build_step_plan(const Experiment& exp) {
     sp.params_per_rank = stage_parameters_per_rank(exp.model, l, exp.training.seq_len, s);
     sp.grad_sync_bytes = sp.params_per_rank * static_cast<double>(plan.shape.grad_bytes_per_param);
     Builder b(exp, sp, plan.shape);
-    b.schedule();
+    b.schedule(orders[static_cast<size_t>(s)]);
     b.finish_step();
     plan.stages.push_back(std::move(sp));
   }
   return plan;
+}
+
+BackwardPartOps backward_part_ops(const Experiment& exp, BackwardPart part) {
+  validate_experiment(exp);
+  PlanShape shape;
+  shape.micro_batches = exp.training.accumulation(exp.layout);
+  shape.tokens_local = exp.training.seq_len / exp.layout.cp;
+  StagePlan sp;
+  sp.layers = stage_layer_count(exp.model, exp.layout, 0);
+  sp.params_per_rank = stage_parameters_per_rank(exp.model, exp.layout, exp.training.seq_len, 0);
+  Builder b(exp, sp, shape);
+  BackwardPartOps out;
+  b.layer_backward(0, 0, part);
+  out.layer = std::move(sp.ops);
+  sp.ops.clear();
+  b.head_backward(0, part);
+  out.head = std::move(sp.ops);
+  sp.ops.clear();
+  b.embedding_backward(0, part);
+  out.embedding = std::move(sp.ops);
+  return out;
 }
 
 int64_t plan_op_bound(const Experiment& exp) {

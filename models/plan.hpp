@@ -52,6 +52,39 @@ ReduceOp reduce_op_for(CommKind kind, Collective c);
 enum class Phase { forward, backward, recompute, optimizer };
 const char* to_string(Phase);
 
+/// Which part of a layer's (or the embedding's / head's) backward the builder emits. The
+/// zero-bubble schedules (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024,
+/// Sec 2) split the backward into B, the gradient w.r.t. the layer's input, which the
+/// previous pipeline stage waits for, and W, the gradients w.r.t. the weights, which
+/// nothing downstream needs until the optimizer and which the schedule may defer.
+///  - full: today's fused backward, ops in Megatron-LM's order (B and W interleaved, the
+///    TP input-gradient reduction overlapped with the weight-gradient GEMM).
+///  - input (B): every op that produces the input gradient: dgrad GEMMs, attention core
+///    backward, element-wise and norm backward, and the TP / CP collectives on activations
+///    and their gradients. The TP reduction of a column-parallel input gradient is a
+///    blocking collective: with W deferred no GEMM is left to hide it.
+///  - weight (W): the weight-gradient GEMMs (*_wgrad) and the embedding's scatter-add,
+///    with what they alone need: with sequence parallelism the re-gather of the
+///    column-parallel GEMM's input (blocking) and, for the embedding, the TP AllGather of
+///    its output gradient.
+/// Split as sail-sg/zero-bubble-pipeline-parallelism splits Megatron-LM (commit 39f2c18,
+/// megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication
+/// .backward with WeightGradStore.split_bw(): B runs the dgrad and the input-gradient
+/// AllReduce / ReduceScatter with async_op=False; the SP input all-gather (pre_process) and
+/// the wgrad GEMM are stored and run together in W, megatron/core/zbpp_utils.py
+/// WeightGradStore.pop: func(*pre_func(async_op=False))). input + weight emit the same
+/// compute ops as full (tests/unit/test_plan.cpp checks it).
+enum class BackwardPart { full, input, weight };
+const char* to_string(BackwardPart);
+
+/// The pass of the zero-bubble schedules an op belongs to (Qi et al. 2024 Sec 2): F the
+/// forward (and recomputed forward), B the backward, fused or its input part
+/// (BackwardPart::full / input), W the weight-gradient part of a split backward
+/// (BackwardPart::weight). W ops keep Phase::backward, so no consumer of Phase changes
+/// meaning; Phase::optimizer ops carry F (they belong to no pass).
+enum class Pass : uint8_t { F, B, W };
+const char* to_string(Pass);
+
 enum class OpType {
   compute,     // a GPU kernel (or fused run of kernels): time_s on the compute stream
   collective,  // blocking collective: the compute stream waits for it
@@ -80,6 +113,7 @@ struct Op {
   OpType type = OpType::compute;
   const char* name = "";  // static string: "qkv", "tp_allreduce", ...
   Phase phase = Phase::forward;
+  Pass pass = Pass::F;        // zero-bubble pass (F, B or W); see Pass
   int32_t layer = -1;         // global layer index, -1 for embedding/head/optimizer
   int32_t micro_batch = -1;
 
@@ -126,6 +160,7 @@ struct Op {
 
   Direction dir = Direction::forward;  // send/recv
   int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end
+  int32_t peer_chunk = -1;  // send/recv: model chunk at the other end (its mailbox)
   int32_t chunk = 0;        // model chunk (virtual stage index on this rank; 0 without VP)
 };
 
@@ -197,6 +232,15 @@ struct StepPlan {
 /// cost model (models/compute_cost.hpp). Throws InputError when the experiment is
 /// invalid (validate_experiment).
 StepPlan build_step_plan(const Experiment& exp);
+
+/// The ops of one backward part (BackwardPart) of layer 0, of the head and of the
+/// embedding for micro-batch 0, as build_step_plan emits them on stage 0 (the head as if
+/// stage 0 held it): what a zero-bubble schedule's B and W of one layer cost, and what
+/// tests/unit/test_plan.cpp checks the split against. Throws InputError as build_step_plan.
+struct BackwardPartOps {
+  std::vector<Op> layer, head, embedding;
+};
+BackwardPartOps backward_part_ops(const Experiment& exp, BackwardPart part);
 
 /// Bytes of a message carried by each ring edge and the number of latency steps of a
 /// ring collective over n ranks on a buffer of `size_bytes` (nccl-tests convention):

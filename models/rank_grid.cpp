@@ -17,6 +17,7 @@ const char* to_string(GroupKind k) {
     case GroupKind::PP: return "PP";
     case GroupKind::DPxCP: return "DPxCP";
     case GroupKind::EMB: return "EMB";
+    case GroupKind::MIRROR: return "MIRROR";
   }
   return "?";
 }
@@ -76,6 +77,13 @@ std::vector<int64_t> RankGrid::group_of(int64_t rank, GroupKind kind) const {
           out.push_back(rank_of(c));
         }
       break;
+    case GroupKind::MIRROR: {
+      RankCoord other = base;
+      other.pp = l_.pp - 1 - base.pp;
+      if (other.pp == base.pp) out = {rank};
+      else out = base.pp < other.pp ? std::vector<int64_t>{rank, rank_of(other)} : std::vector<int64_t>{rank_of(other), rank};
+      break;
+    }
     case GroupKind::EMB: {
       if (l_.pp > 1 && (base.pp == 0 || base.pp == l_.pp - 1)) {
         RankCoord first = base, last = base;

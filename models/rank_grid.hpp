@@ -14,7 +14,11 @@ namespace dtsim {
 /// EMB: Megatron's embedding group, the ranks of the first and the last pipeline stage
 /// with the same TP/CP/DP coordinates, which all-reduce the gradient of a tied word
 /// embedding (each holds a copy); a rank of a middle stage forms a group of its own.
-enum class GroupKind { TP, CP, DP, PP, DPxCP, EMB };
+/// MIRROR: pipeline ranks r and pp - 1 - r with the same TP/CP/DP coordinates, which under
+/// DualPipe hold the same stages' parameters (each a copy) and sum their gradients
+/// (DeepSeek-V3 report Sec 3.2.1: "DualPipe requires keeping two copies of the model
+/// parameters"); with pp == 1 (or the middle rank of an odd pp) a rank is its own group.
+enum class GroupKind { TP, CP, DP, PP, DPxCP, EMB, MIRROR };
 const char* to_string(GroupKind);
 
 struct RankCoord {

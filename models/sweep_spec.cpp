@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "models/checked.hpp"
+#include "models/schedules/schedule.hpp"
 #include "models/errors.hpp"
 #include "models/input_files.hpp"
 #include "models/scalar_text.hpp"
@@ -246,7 +247,9 @@ LayoutSpace parse_space(const YAML::Node& node, const std::string& path, Problem
   s.recompute = {Recompute::none};
   s.sequence_parallel = {false};
   if (!check_keys(node, path,
-                  {"tp", "cp", "pp", "vp", "dp", "zero_stage", "micro_batch", "recompute", "sequence_parallel"}, p))
+                  {"tp", "cp", "pp", "vp", "dp", "zero_stage", "micro_batch", "recompute", "sequence_parallel",
+                   "schedule"},
+                  p))
     return s;
   auto key = [&](const char* k) { return path + "." + k; };
   if (node["tp"]) s.tp = parse_int_choice(node["tp"], key("tp"), p, true, 1);
@@ -270,6 +273,11 @@ LayoutSpace parse_space(const YAML::Node& node, const std::string& path, Problem
     s.recompute = parse_enum_list<Recompute>(
         node["recompute"], key("recompute"), p,
         {{"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}});
+  if (node["schedule"]) {
+    std::vector<std::pair<std::string, Schedule>> names;
+    for (const sched::PipelineSchedule* sc : sched::all_schedules()) names.push_back({sc->name(), sc->id()});
+    s.schedules = parse_enum_list<Schedule>(node["schedule"], key("schedule"), p, names);
+  }
   if (node["sequence_parallel"])
     s.sequence_parallel =
         parse_enum_list<bool>(node["sequence_parallel"], key("sequence_parallel"), p, {{"false", false}, {"true", true}});

@@ -24,6 +24,10 @@
 //               dp:      auto = GPUs / (tp cp pp) (default); a list keeps only those values
 //               zero_stage: auto = 0..3;  micro_batch: auto = 1, 2, 4, 8
 //               recompute: auto = none, selective, full; sequence_parallel: auto = false, true
+//               schedule: a pipeline schedule name or a list of them (models/schedules/);
+//                        auto = every registered one; missing: interleaved where vp > 1,
+//                        else 1f1b. A schedule whose constraints a point breaks (e.g.
+//                        dualpipe with an odd pp) makes that point invalid with the reason.
 //             Missing keys: dp auto, cp 1, vp 1, zero_stage 0, sequence_parallel false,
 //             recompute none; tp, pp and micro_batch (unless in training) are required.
 //   layout:   (compare only) a fixed experiment `layout:` section applied to every cluster
@@ -59,6 +63,9 @@ struct LayoutSpace {
   std::vector<int> zero_stages;          // ascending
   std::vector<Recompute> recompute;      // in file order, unique
   std::vector<bool> sequence_parallel;   // in file order, unique
+  /// layout.schedule values (models/schedules/), in file order, unique; empty: by vp
+  /// (interleaved where vp > 1, else 1f1b), as before the key existed.
+  std::vector<Schedule> schedules;
 };
 
 /// One cluster of the sweep after `vary` was applied, parsed and validated.

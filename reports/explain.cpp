@@ -12,6 +12,8 @@
 #include "models/errors.hpp"
 #include "models/flops.hpp"
 #include "models/memory.hpp"
+#include "models/pipeline_split.hpp"
+#include "models/schedules/schedule.hpp"
 #include "models/rank_grid.hpp"
 #include "reports/summary.hpp"
 #include "reports/terminal_text.hpp"
@@ -86,7 +88,7 @@ std::string calls_text(const std::vector<int64_t>& calls) {
 const char* dimension_of(const Op& op, const Layout& l) {
   // The tied word embedding's gradient AllReduce between the first and the last pipeline
   // stage exists because PP splits the tied embedding: it belongs to PP, not to DP.
-  if (op.group == GroupKind::EMB) return "PP";
+  if (op.group == GroupKind::EMB || op.group == GroupKind::MIRROR) return "PP";
   switch (op.kind) {
     case CommKind::TP: return "TP";
     case CommKind::CP: return "CP";
@@ -255,11 +257,42 @@ std::string inflight_formula(const Layout& l, int64_t m, int64_t layers) {
                          "Korthikanti 2022 Sec 4.2.3)",
                          layers % l.pp == 0 ? fmt::format("L/p = {}", layers / l.pp) : std::string("stage's"));
     case Schedule::interleaved:
+      if (has_pipeline_split_options(l))  // uneven chunks (models/pipeline_split.hpp)
+        return fmt::format("interleaved 1F1B, v = {}: min(2(p - r - 1) + (v - 1)p + 1, m v) chunks (Megatron-LM warm-up + "
+                           "1), each with its own layers as the layout.* split options place them",
+                           l.vp);
       return fmt::format("interleaved 1F1B, v = {}: min(2(p - r - 1) + (v - 1)p + 1, m v) chunks of L/(pv) = {} layers "
                          "(Megatron-LM warm-up + 1); stage 0: L(1 + (p-1)/(pv)) layers (Korthikanti 2022 Sec 4.2.3)",
                          l.vp, layers / (l.pp * l.vp));
+    default: break;
   }
-  return "";
+  return fmt::format("{}: the most chunk activations its order holds at once, each from its F to its backward's end "
+                     "(W when split; {})",
+                     to_string(l.schedule), sched::schedule_of(l.schedule).source());
+}
+
+/// The first passes of each pipeline rank's order (models/schedules/): "F3" forward of
+/// micro-batch 3, "B3"/"W3" its input- and weight-gradient parts, "BW3" a fused backward;
+/// a trailing "'" marks chunk 1, "''" chunk 2 and so on.
+std::string schedule_order_excerpt(const Layout& l, int64_t m) {
+  constexpr size_t kSteps = 14;
+  constexpr int64_t kRanks = 4;
+  const sched::PipelineSchedule& s = sched::schedule_of(l.schedule);
+  const auto order = s.order(sched::dims_of(l, m));
+  std::string out;
+  for (int64_t r = 0; r < l.pp; ++r) {
+    if (r == kRanks && l.pp > kRanks + 1) {
+      out += "; ...";
+      r = l.pp - 1;
+    }
+    const auto& o = order[static_cast<size_t>(r)];
+    std::string line;
+    for (size_t k = 0; k < std::min(kSteps, o.size()); ++k)
+      line += fmt::format("{}{}{}{}", k ? " " : "", sched::to_string(o[k].pass), o[k].mb, std::string(o[k].chunk, '\''));
+    if (o.size() > kSteps) line += " ...";
+    out += fmt::format("{}stage {}: {}", r ? "; " : "", r, line);
+  }
+  return out;
 }
 
 std::string convention_text(const Training& t) {
@@ -466,10 +499,30 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
       lo = std::min(lo, stage_layer_count(m, l, s));
       hi = std::max(hi, stage_layer_count(m, l, s));
     }
+    // Megatron-Core's split options (models/pipeline_split.hpp): name the one that is set.
+    const std::string option = !l.pipeline_layout.empty() ? "layout.pipeline_layout=" + l.pipeline_layout
+                               : l.decoder_first_pipeline_num_layers > 0 || l.decoder_last_pipeline_num_layers > 0
+                                   ? std::string("layout.decoder_first/last_pipeline_num_layers")
+                               : has_pipeline_split_options(l)
+                                   ? std::string("the embedding and loss take a layer's slot, layout.account_for_*")
+                                   : std::string();
     std::string holds = lo == hi ? fmt::format("a stage of layers: {} of {} layers", per, m.layers)
-                                 : fmt::format("a stage of layers: {} to {} of {} layers (the first and last stages hold "
-                                               "fewer, Llama 3 rule)", lo, hi, m.layers);
-    if (l.schedule == Schedule::interleaved) {
+                        : option.empty()
+                            ? fmt::format("a stage of layers: {} to {} of {} layers (the first and last stages hold "
+                                          "fewer, Llama 3 rule)", lo, hi, m.layers)
+                            : fmt::format("a stage of layers: {} to {} of {} layers ({})", lo, hi, m.layers, option);
+    if (l.schedule == Schedule::interleaved && !option.empty()) {
+      // Each chunk of stage 0 as pipeline_split places it (virtual_stage_of).
+      std::string stage0;
+      for (int64_t c = 0; c < l.vp; ++c) {
+        const VirtualStage vs = virtual_stage(m.layers, l, virtual_stage_of(l, 0, c));
+        std::string what = vs.layers == 0 ? std::string("no layer")
+                           : vs.layers == 1 ? fmt::format("{}", vs.first_layer)
+                                            : fmt::format("{}-{}", vs.first_layer, vs.first_layer + vs.layers - 1);
+        stage0 += fmt::format("{}{}{}", c ? ", " : "", vs.embedding ? "E+" : "", what);
+      }
+      holds += fmt::format(" as {} chunks (stage 0: layers {}{})", l.vp, stage0, lo == hi ? "; " + option : "");
+    } else if (l.schedule == Schedule::interleaved) {
       // Megatron's interleaved placement: chunk c of pipeline rank r holds layers from (c p + r) L/(p v).
       const int64_t chunk = per / l.vp;
       std::string stage0;
@@ -481,6 +534,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                                    "(its gradient summed between them)"
                                  : "; embedding on stage 0, LM head + loss on the last";
     holds += fmt::format("; schedule {}", to_string(l.schedule));
+    if (l.pp > 1) holds += " (order: " + schedule_order_excerpt(l, tr.accumulation(l)) + ")";
     dim_block("PP", l.pp, "layers", holds, GroupKind::PP);
   }
   {
@@ -696,8 +750,10 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
       row("  per layer, per mb", vals, fmt::format("{} with {} ({})", f.text, layer_symbols(exp), f.source));
       vals.clear();
       for (const auto& a : act)
-        vals.push_back(l.schedule == Schedule::interleaved ? fmt::format("{}x{}L", a.inflight, a.chunk_layers)
-                                                          : fmt::format("{} mb", a.inflight));
+        vals.push_back(l.schedule != Schedule::interleaved ? fmt::format("{} mb", a.inflight)
+                       : a.inflight * a.chunk_layers == a.held_layers
+                           ? fmt::format("{}x{}L", a.inflight, a.chunk_layers)
+                           : fmt::format("{} ch {}L", a.inflight, a.held_layers));  // uneven chunks: layers held
       row("  in flight", vals,
           inflight_formula(l, accumulation, m.layers) +
               (l.schedule == Schedule::interleaved ? "; shown as chunks x layers per chunk" : "; shown in micro-batches (mb)"));

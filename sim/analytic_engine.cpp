@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include "models/compute_cost.hpp"
@@ -10,6 +13,8 @@
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
 #include "models/memory.hpp"
+#include "models/pipeline_split.hpp"
+#include "models/schedules/schedule.hpp"
 #include "sim/collectives/collective.hpp"
 #include "sim/collectives/tuner.hpp"
 
@@ -109,12 +114,23 @@ struct AnalyticEngine::Shape {
     std::array<double, kCommKinds> total{}, exposed{};
   };
   Seg emb_f, layer_f, head_f, head_b, layer_b, emb_b;
+  /// Compute seconds of the weight-gradient ops (Op::pass W when split: the *_wgrad GEMMs and
+  /// the embedding's scatter-add) inside layer_b, head_b and emb_b: the W of a split backward.
+  double layer_w = 0, head_w = 0, emb_w = 0;
   double adam_bytes_per_param = 0;  // HBM bytes the fused Adam moves per owned parameter
   int32_t adam_kernels = 1;
   double p2p_bytes = 0;             // one pipeline send
   double recv_tp_allgather_s = 0;   // TP AllGather after each receive without SP
   double layer_params_rank = 0;     // parameters of one layer on one TP rank
 };
+
+namespace {
+/// The ops a zero-bubble schedule defers as W (models/plan.cpp BackwardPart::weight).
+bool is_weight_gradient(const Op& op) {
+  const std::string_view n(op.name);
+  return n == "embedding_bwd" || (n.size() > 6 && n.substr(n.size() - 6) == "_wgrad");
+}
+}  // namespace
 
 struct AnalyticEngine::StageDetail {
   double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, p2p_s = 0, slowdown_s = 0;
@@ -258,6 +274,8 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     }
     switch (op.type) {
       case OpType::compute: {
+        if ((w == LB || w == HB || w == EB) && is_weight_gradient(op))
+          (w == LB ? sh->layer_w : w == HB ? sh->head_w : sh->emb_w) += op.time_s;
         if (w == OPT) {
           if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
           sh->adam_kernels = op.kernels;
@@ -322,7 +340,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   const int64_t m = tr.global_batch / (mb * l.dp);
   const int64_t stage_size = l.tp * l.cp * l.dp;
   const int64_t dpcp = l.dp * l.cp;
-  const double layers_rank = d(model.layers / p);
+  // What each pipeline rank holds over its chunks (models/pipeline_split.hpp; uneven stages
+  // included): its layers, and whether it holds the embedding (`first`) or the loss (`last`).
+  std::vector<RankSplit> ranks;
+  for (int64_t s = 0; s < p; ++s) ranks.push_back(rank_split(model.layers, l, s));
+  auto layers_of = [&](int64_t s) { return d(ranks[static_cast<size_t>(s)].layers); };
+  auto is_first = [&](int64_t s) { return ranks[static_cast<size_t>(s)].embedding; };
+  auto is_last = [&](int64_t s) { return ranks[static_cast<size_t>(s)].loss; };
   const double grad_bytes = tr.main_grad == GradDtype::fp32 ? 4.0 : 2.0;  // plan.cpp grad_bytes_per_param
   const double bucket_params = tr.grad_bucket_bytes > 0
                                    ? tr.grad_bucket_bytes / grad_bytes
@@ -346,8 +370,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // Non-layer parameters of stage s on one rank, as plan.cpp splits them: the first
   // stage's embedding and the last stage's head (final norm + LM head or its tied copy).
   auto edge_params = [&](int64_t s) {
-    const bool first = s == 0, last = s == p - 1;
-    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layers_rank * sh.layer_params_rank;
+    const bool first = is_first(s), last = is_last(s);
+    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layers_of(s) * sh.layer_params_rank;
     double head = 0;
     if (first && last)
       head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
@@ -364,7 +388,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   std::vector<double> F(static_cast<size_t>(p)), B(static_cast<size_t>(p));
   double w_max = 0, w_sum = 0;
   for (int64_t s = 0; s < p; ++s) {
-    const bool first = s == 0, last = s == p - 1;
+    const bool first = is_first(s), last = is_last(s);
+    const double layers_rank = layers_of(s);
     const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
     double f = layers_rank * lf + (first ? sh.emb_f.time : 0.0) + (last ? sh.head_f.time : 0.0) + recv_f * ptag;
     double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
@@ -386,15 +411,46 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   if (p == 1) t_pipe = d(m) * w_sum;
   else if (v > 1) t_pipe = d(m) * w_max + d(p - 1) / d(v) * w_mean + 2.0 * d(p - 1) * t_p2p;
   else t_pipe = w_sum + d(m - 1) * w_max + 2.0 * d(p - 1) * t_p2p;
+  // Schedules without a closed form here (zero-bubble, DualPipe): time the schedule's own
+  // order (models/schedules/ time_order) with each chunk's F, B and W on its rank.
+  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+  // Micro-batches each of a rank's per-micro-batch passes runs: all of them, except under
+  // DualPipe, where each direction's chunk runs half (F and B above cover both chunks).
+  const double m_rank = sch.params_twice() ? d(m) / 2.0 : d(m);
+  if (p > 1 && sch.splits_backward()) {
+    const sched::Dims dims = sched::dims_of(l, m);
+    std::vector<std::vector<sched::ChunkCosts>> costs(static_cast<size_t>(p));
+    for (int64_t s = 0; s < p; ++s)
+      for (int64_t c = 0; c < sch.chunks(dims); ++c) {
+        const VirtualStage vs = virtual_stage(model.layers, l, sch.virtual_stage(dims, s, c));
+        const double n = d(vs.layers);
+        const bool recv_fwd = !sch.first(dims, s, c), recv_bwd = !sch.last(dims, s, c);
+        sched::ChunkCosts cc;
+        cc.f = n * lf + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0);
+        cc.w = n * sh.layer_w + (vs.loss ? sh.head_w : 0.0) + (vs.embedding ? sh.emb_w : 0.0);
+        cc.b = n * lb + (vs.loss ? sh.head_b.time : 0.0) + (vs.embedding ? sh.emb_b.time : 0.0) + (recv_bwd ? ptag : 0.0) - cc.w;
+        costs[static_cast<size_t>(s)].push_back(cc);
+      }
+    t_pipe = sched::time_order(sch, dims, sch.order(dims), costs, t_p2p).makespan;
+  }
 
   // Distributed optimizer with overlap_param_gather: each layer's gather before its first
   // forward; the first of a chunk waits whole, later ones only past the previous layer.
   if ((l.zero_stage == 1 || l.zero_stage == 2) && dpcp > 1 && tr.overlap_param_gather) {
     const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
-    const double chunk_layers = layers_rank / d(v);
-    const double per_chunk =
-        ag + std::max(0.0, chunk_layers - 1.0) * (overlap(sh.layer_f.time, ag, speed) - sh.layer_f.time);
-    t_pipe += d(p) * d(v) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
+    // Each chunk by its own layer count (models/pipeline_split.hpp), chunks of equal count
+    // together; a chunk without layers gathers nothing.
+    std::map<int64_t, int64_t> chunks_by_layers;
+    if (v == 1)
+      for (const RankSplit& r : ranks) ++chunks_by_layers[r.layers];
+    else
+      for (const VirtualStage& vs : pipeline_split(model, l)) ++chunks_by_layers[vs.layers];
+    for (const auto& [chunk_layers, count] : chunks_by_layers) {
+      if (chunk_layers == 0) continue;
+      const double per_chunk =
+          ag + std::max(0.0, d(chunk_layers) - 1.0) * (overlap(sh.layer_f.time, ag, speed) - sh.layer_f.time);
+      t_pipe += d(count) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
+    }
   }
 
   AnalyticEstimate est;
@@ -405,14 +461,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // their copies' gradients, blocking, after the DP sync and before the optimizer (PP
   // communication, models/result.hpp CommStats); the earlier of the two waits for the other
   // (bubble). One AllReduce over the 2 ranks of the embedding group, (p - 1) stages apart.
-  const double emb_ar = model.tied_embeddings && p > 1
+  const double emb_ar = model.tied_embeddings && p > 1 && !sch.params_twice() && is_first(0) != is_last(0)
                             ? comm.collective(Collective::AllReduce, 2, (p - 1) * stage_size,
                                               d(model.vocab) * d(model.hidden) / d(l.tp) * grad_bytes)
                             : 0.0;
   std::vector<double> pre_ar(static_cast<size_t>(p), 0.0), finish_of(static_cast<size_t>(p), 0.0);
   std::vector<StageDetail> stage_detail;
   for (int64_t s = 0; s < p; ++s) {
-    const bool first = s == 0, last = s == p - 1;
+    const bool first = is_first(s), last = is_last(s);
+    const double layers_rank = layers_of(s);
     const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
     const double end_bwd = t_pipe - chain;
     chain += B[static_cast<size_t>(s)] / d(v) + t_p2p;
@@ -423,14 +480,14 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     if (dpcp > 1) {
       if (l.zero_stage == 3) {
         const double layers_mb = layers_rank;
-        dp_total = d(m) * layers_mb * (2.0 * z3_ag + z3_rs);
-        dp_exposed = d(m) * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + z3_edge[static_cast<size_t>(s)]);
+        dp_total = m_rank * layers_mb * (2.0 * z3_ag + z3_rs);
+        dp_exposed = m_rank * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + z3_edge[static_cast<size_t>(s)]);
         dp_in_pipe = dp_exposed;
         // Embedding / head gradients are reduce-scattered after their backward; the last one
         // of the step is exposed.
         const double edge = params - layers_rank * sh.layer_params_rank;
         const double tail = dp_ring(Collective::ReduceScatter, std::max(edge, sh.layer_params_rank) * grad_bytes);
-        dp_total += d(m) * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
+        dp_total += m_rank * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
         dp_exposed += tail;
       } else {
         // The plan's rule (models/plan.hpp grad_sync_policy): ZeRO-2 reduce-scatters every
@@ -439,7 +496,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         const Collective coll = gs.collective;
         if (!tr.overlap_grad_reduce) {
           // Blocking, once per reducing micro-batch (plan.cpp flush_pending).
-          dp_total = (gs.every_micro_batch ? d(m) : 1.0) * dp_ring(coll, params * grad_bytes);
+          dp_total = (gs.every_micro_batch ? m_rank : 1.0) * dp_ring(coll, params * grad_bytes);
           dp_exposed = dp_total;
         } else {
           // The plan's buckets, in backward order: head (last stage), layers, embedding.
@@ -457,7 +514,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
             }
           };
           if (last) item(head_only, sh.head_b.time);
-          const int64_t nl = model.layers / p;
+          const int64_t nl = ranks[static_cast<size_t>(s)].layers;
           for (int64_t i = 0; i < nl; ++i) item(sh.layer_params_rank, lb);
           if (first) item(emb_params, sh.emb_b.time);
           if (pending > 0) {
@@ -469,8 +526,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           stretch = t - work;
           if (gs.every_micro_batch && m > 1) {
             const double per_mb = dp_total;
-            dp_total *= d(m);
-            stretch *= d(m);
+            dp_total *= m_rank;
+            stretch *= m_rank;
             dp_exposed += d(m - 1) * std::max(0.0, per_mb - (F[static_cast<size_t>(s)] + B[static_cast<size_t>(s)]));
           }
         }
@@ -479,7 +536,12 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         } else if ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather) {
           const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
           dp_total += layers_rank * ag;
-          dp_exposed += d(v) * ag;
+          // The first gather of each of the rank's chunks that holds layers is exposed.
+          int64_t chunks_with_layers = 0;
+          for (int64_t c = 0; c < v; ++c)
+            if (v == 1 ? layers_rank > 0 : virtual_stage(model.layers, l, virtual_stage_of(l, s, c)).layers > 0)
+              ++chunks_with_layers;
+          dp_exposed += d(chunks_with_layers) * ag;
         }
       }
       // Per-layer parameter gathers (ZeRO-3; ZeRO-1/2 with overlap_param_gather): the
@@ -496,7 +558,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     adam.kernels = sh.adam_kernels;
     adam.bytes = params / (l.zero_stage >= 1 ? d(dpcp) : 1.0) * sh.adam_bytes_per_param;
     const double opt = compute_time(adam, c.gpu, tr.dtype);
-    const double ar = first || last ? emb_ar : 0.0;
+    // DualPipe (plan.cpp finish_step): ranks s and p - 1 - s SUM their copies' gradients
+    // (the shards they own with a sharded optimizer), blocking, before the optimizer (PP).
+    const double mirror_ar =
+        sch.params_twice() && 2 * s + 1 != p
+            ? comm.collective(Collective::AllReduce, 2, std::abs(p - 1 - 2 * s) * stage_size,
+                              stage_parameters_per_rank(model, l, tr.seq_len, s) /
+                                  (l.zero_stage >= 1 ? d(dpcp) : 1.0) * grad_bytes)
+            : 0.0;
+    const double ar = (first != last ? emb_ar : 0.0) + mirror_ar;
     pre_ar[static_cast<size_t>(s)] = end_bwd + stretch + (dp_exposed - dp_in_pipe);
     const double finish = pre_ar[static_cast<size_t>(s)] + ar + opt + gather;  // the AllReduce's wait: below
     est.optimizer_s = std::max(est.optimizer_s, opt);
@@ -506,7 +576,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
     double comp = layers_mb * (sh.layer_f.compute + sh.layer_b.compute) + (first ? sh.emb_f.compute + sh.emb_b.compute : 0.0) +
                   (last ? sh.head_f.compute + sh.head_b.compute : 0.0);
-    comp = d(m) * comp + opt;
+    comp = m_rank * comp + opt;
     StageDetail sd;
     sd.compute_s = comp;
     // Kernel time lost to overlapping communication (comm_overlap_speed): each segment's
@@ -520,7 +590,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       double per_mb = layers_mb * (lost(sh.layer_f) + lost(sh.layer_b));
       if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
       if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
-      sd.slowdown_s = d(m) * per_mb + stretch;
+      sd.slowdown_s = m_rank * per_mb + stretch;
     }
     for (int k : {kTP, kCP}) {
       double tot = layers_mb * (sh.layer_f.total[static_cast<size_t>(k)] + sh.layer_b.total[static_cast<size_t>(k)]);
@@ -537,13 +607,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         tot += (recv_f + recv_b) * ptag;
         exp += (recv_f + recv_b) * ptag;
       }
-      sd.total[static_cast<size_t>(k)] = d(m) * tot;
-      sd.exposed[static_cast<size_t>(k)] = d(m) * exp;
+      sd.total[static_cast<size_t>(k)] = m_rank * tot;
+      sd.exposed[static_cast<size_t>(k)] = m_rank * exp;
     }
     if (p > 1) {
       // Every message counts at both ends (sender and receiver): its receives and as many
       // sends (recv_f forward receives = as many backward sends, and vice versa).
-      sd.total[kPP] = 2.0 * d(m) * (recv_f + recv_b) * t_p2p + ar;
+      sd.total[kPP] = 2.0 * m_rank * (recv_f + recv_b) * t_p2p + ar;
       sd.exposed[kPP] = (first || last ? 1.0 : 2.0) * t_p2p + ar;
     }
     sd.total[kDP] = dp_total + gather;
@@ -578,7 +648,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     sd.bubble_s = est.step_time_s - busy;
   }
   if (detail) *detail = std::move(stage_detail);
-  est.bubble_s = std::max(0.0, t_pipe - d(m) * w_mean);
+  est.bubble_s = std::max(0.0, t_pipe - m_rank * w_mean);
 
   // Throughput and FLOPs (as sim/simgrid_engine.cpp reports them).
   const double tokens = d(tr.global_batch) * d(tr.seq_len);
@@ -644,7 +714,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
     const StageDetail& sd = detail[static_cast<size_t>(s)];
     StageResult st;
     st.stage = static_cast<int>(s);
-    st.layers = e.model.layers / l.pp;
+    st.layers = stage_layer_count(e.model, l, s);  // the rank's chunks (models/pipeline_split.hpp)
     st.compute_s = sd.compute_s;
     st.bubble_s = sd.bubble_s;
     st.slowdown_s = sd.slowdown_s;

@@ -32,6 +32,7 @@
 #include "models/flops.hpp"
 #include "models/plan.hpp"
 #include "models/rank_grid.hpp"
+#include "models/schedules/schedule.hpp"
 #include "reports/json.hpp"
 #include "reports/json_read.hpp"
 #include "sim/child_process.hpp"
@@ -176,7 +177,7 @@ class Simulation {
   int64_t pp_peer(const RankState& rs, const Op& op) const {
     return rs.rank + (static_cast<int64_t>(op.peer_stage) - rs.stage) * stage_size_;
   }
-  sg4::Mailbox* mailbox(int64_t rank, Direction dir) const;
+  sg4::Mailbox* mailbox(int64_t rank, Direction dir, int32_t chunk) const;
 
   const StepPlan& plan_;
   RankGrid grid_;
@@ -360,9 +361,14 @@ void Simulation::wait_handle(RankState& rs, const Op& op) {
   record(rs, TraceStream::compute, op, "wait", t0, "wait");
 }
 
-sg4::Mailbox* Simulation::mailbox(int64_t rank, Direction dir) const {
+/// One mailbox per (receiving rank, direction, receiving model chunk): each has a single
+/// sender, which sends in the order the receiver receives (both walk that chunk's
+/// micro-batches in order, under every registered schedule).
+sg4::Mailbox* Simulation::mailbox(int64_t rank, Direction dir, int32_t chunk) const {
   std::string name(1, dir == Direction::forward ? 'f' : 'b');  // (char + string: no GCC 12 -Wrestrict false positive)
   name += std::to_string(rank);
+  name += '.';
+  name += std::to_string(chunk);
   return sg4::Mailbox::by_name(name);
 }
 
@@ -373,7 +379,7 @@ void Simulation::send(RankState& rs, const Op& op) {
   msg->posted_at = sg4::Engine::get_clock();
   msg->micro_batch = op.micro_batch;
   msg->chunk = op.chunk;
-  auto* mb = mailbox(dst, op.dir);
+  auto* mb = mailbox(dst, op.dir, op.peer_chunk);
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
   cs.bytes += op.size_bytes;
   cs.operations++;
@@ -397,16 +403,14 @@ void Simulation::send(RankState& rs, const Op& op) {
 
 void Simulation::recv(RankState& rs, const Op& op) {
   const double t0 = sg4::Engine::get_clock();
-  auto* mb = mailbox(rs.rank, op.dir);
+  auto* mb = mailbox(rs.rank, op.dir, op.chunk);
   auto* msg = mb->get<Message>();
   // P2P latency (alpha) on top of the bandwidth term carried by the flow: when the rank
   // waited for the bytes it also waits alpha; when they were already there, it waits
   // only for what is left of alpha since the send was posted.
-  // Senders and receivers walk the same (chunk, micro-batch) order, so a mailbox per
-  // (receiver, direction) delivers in order; anything else is an engine bug.
-  const int expected_chunk = op.dir == Direction::forward ? op.chunk - (rs.stage == 0 ? 1 : 0)
-                                                          : op.chunk + (rs.stage == plan_.exp.layout.pp - 1 ? 1 : 0);
-  if (msg->micro_batch != op.micro_batch || msg->chunk != expected_chunk)
+  // A mailbox per (receiver, direction, chunk) has one sender walking the same
+  // micro-batch order, so it delivers in order; anything else is an engine bug.
+  if (msg->micro_batch != op.micro_batch || msg->chunk != op.peer_chunk)
     throw std::logic_error("pipeline message out of order at rank " + std::to_string(rs.rank));
   const int64_t src = pp_peer(rs, op);
   const double alpha = platform_.alpha(platform_.same_node(src, rs.rank));
@@ -633,6 +637,8 @@ StepResult Simulation::run() {
       opts_.trace->processes.push_back({r, rs->stage, opts_.fold ? stage_size_ : 1});
     ranks_.push_back(std::move(rs));
   }
+  const auto chunks = static_cast<int32_t>(
+      sched::schedule_of(plan_.exp.layout.schedule).chunks(sched::dims_of(plan_.exp.layout, plan_.shape.micro_batches)));
   for (auto& rsp : ranks_) {
     RankState& rs = *rsp;
     rs.handle_done = sg4::Semaphore::create(0);
@@ -640,8 +646,10 @@ StepResult Simulation::run() {
     rs.collective = sg4::Semaphore::create(0);
     // Eager P2P: the receiver's mailboxes accept data as soon as it is sent.
     rs.compute_actor = sg4::Actor::create("rank" + std::to_string(rs.rank), rs.host, [this, &rs] { compute_actor(rs); });
-    mailbox(rs.rank, Direction::forward)->set_receiver(rs.compute_actor);
-    mailbox(rs.rank, Direction::backward)->set_receiver(rs.compute_actor);
+    for (int32_t c = 0; c < chunks; ++c) {
+      mailbox(rs.rank, Direction::forward, c)->set_receiver(rs.compute_actor);
+      mailbox(rs.rank, Direction::backward, c)->set_receiver(rs.compute_actor);
+    }
   }
   engine.run();
   messages_.clear();  // their CommPtrs must not outlive the engine

@@ -1,5 +1,7 @@
 // Names and applicability of the injected bugs (models/verify/verify.hpp).
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/errors.hpp"
@@ -18,6 +20,8 @@ const char* to_string(Injection i) {
     case Injection::cp_causal_local: return "cp-causal-local";
     case Injection::zero_skip_param_gather: return "zero-skip-param-gather";
     case Injection::pp_microbatch_swap: return "pp-microbatch-swap";
+    case Injection::w_before_b: return "w-before-b";
+    case Injection::drop_w: return "drop-w";
   }
   return "?";
 }
@@ -25,7 +29,8 @@ const char* to_string(Injection i) {
 std::vector<Injection> all_injections() {
   return {Injection::tp_grad_avg,       Injection::dp_local_mean,   Injection::cp_loss_scale,
           Injection::adam_before_sync,  Injection::dp_grad_sum,     Injection::cp_causal_local,
-          Injection::zero_skip_param_gather, Injection::pp_microbatch_swap};
+          Injection::zero_skip_param_gather, Injection::pp_microbatch_swap, Injection::w_before_b,
+          Injection::drop_w};
 }
 
 Injection parse_injection(const std::string& name) {
@@ -56,8 +61,39 @@ std::string injection_inapplicable(Injection inj, const Experiment& e) {
       return l.zero_stage >= 1 && dpcp > 1 ? "" : "needs layout.zero_stage >= 1 and dp * cp > 1";
     case Injection::pp_microbatch_swap:
       return l.pp > 1 && m > 1 ? "" : "needs layout.pp > 1 and more than one micro-batch";
+    case Injection::w_before_b:
+    case Injection::drop_w: return "";  // every plan has weight-gradient ops on its first stage
   }
   return "";
+}
+
+namespace {
+bool is_layer_wgrad(const Op& op) {
+  const std::string_view n = op.name;
+  return op.type == OpType::compute && op.layer >= 0 && n.size() > 6 && n.substr(n.size() - 6) == "_wgrad";
+}
+}  // namespace
+
+StepPlan apply_plan_injection(const StepPlan& plan, Injection inj) {
+  if (inj != Injection::w_before_b && inj != Injection::drop_w) return plan;
+  StepPlan out = plan;
+  if (out.stages.empty()) throw InputError(std::string("--inject ") + to_string(inj) + ": the plan has no stages");
+  auto& ops = out.stages.front().ops;
+  const auto w = std::find_if(ops.begin(), ops.end(), is_layer_wgrad);
+  if (w == ops.end())
+    throw InputError(std::string("--inject ") + to_string(inj) + ": stage 0 has no weight-gradient (*_wgrad) op");
+  if (inj == Injection::drop_w) {
+    ops.erase(w);
+    return out;
+  }
+  const Op moved = *w;
+  const auto b = std::find_if(ops.begin(), ops.end(), [&](const Op& o) {
+    return o.phase == Phase::backward && o.layer == moved.layer && o.micro_batch == moved.micro_batch;
+  });
+  const auto at = b - ops.begin();
+  ops.erase(w);
+  ops.insert(ops.begin() + at, moved);
+  return out;
 }
 
 bool VerifyReport::passed() const {

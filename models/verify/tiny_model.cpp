@@ -8,6 +8,7 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "models/pipeline_split.hpp"
 
 namespace dtsim::verify {
 
@@ -84,6 +85,21 @@ Experiment shrink_experiment(const Experiment& e) {
   m.ffn_hidden = 2 * m.hidden;
   m.vocab = round_up(std::max<int64_t>(16, 4 * t), t);
   m.layers = l.pp * l.vp * (l.pp <= 2 ? 2 : 1);
+  // Megatron-Core's split options (models/pipeline_split.hpp), shrunk to the same kind of
+  // split: the fewest layers the option allows (one slot per virtual stage; one layer per chunk
+  // of the first / last rank); a pipeline_layout names every layer, so it keeps them all.
+  if (!l.pipeline_layout.empty()) {
+    m.layers = e.model.layers;
+  } else if (l.decoder_first_pipeline_num_layers > 0 || l.decoder_last_pipeline_num_layers > 0) {
+    m.layers = l.pp * l.vp;
+    if (l.decoder_first_pipeline_num_layers > 0) s.layout.decoder_first_pipeline_num_layers = l.vp;
+    if (l.decoder_last_pipeline_num_layers > 0) s.layout.decoder_last_pipeline_num_layers = l.vp;
+  } else if (l.account_for_embedding_in_pipeline_split || l.account_for_loss_in_pipeline_split) {
+    const int64_t taken = (l.account_for_embedding_in_pipeline_split ? 1 : 0) + (l.account_for_loss_in_pipeline_split ? 1 : 0);
+    int64_t slots = l.pp * l.vp;
+    while (slots - taken < 1) slots += l.pp * l.vp;
+    m.layers = slots - taken;
+  }
   const int64_t unit = l.cp * (l.sequence_parallel && t > 1 ? t : 1);
   s.training.seq_len = round_up(std::max<int64_t>(4, 2 * l.cp), unit);
   m.max_position_embeddings = m.position == Position::learned ? s.training.seq_len : 0;

@@ -32,7 +32,10 @@ namespace dtsim::verify {
 ///    kv_heads: one per TP rank when the model uses GQA (kv_heads < heads), else = heads;
 ///  - head_dim 2 when tp >= 4, else 4 (even, for RoPE); hidden = heads * head_dim;
 ///    ffn_hidden = 2 * hidden; vocab = max(16, 4 tp) rounded up to a multiple of tp;
-///  - layers: 2 per pipeline stage when pp <= 2, else 1 (times vp);
+///  - layers: 2 per pipeline stage when pp <= 2, else 1 (times vp); with the layout's
+///    Megatron-Core split options (models/pipeline_split.hpp): account_for_*: one slot per
+///    virtual stage (pp vp - 1 or - 2 layers); decoder_first/last_pipeline_num_layers: vp each
+///    and pp vp layers; pipeline_layout: model.layers unchanged (the layout names every layer);
 ///  - seq_len: the smallest multiple of cp * (tp when sequence parallel) that is >= 4 and
 ///    >= 2 cp; learned positions get max_position_embeddings = seq_len;
 ///  - micro_batch = min(micro_batch, 2); accumulation = min(accumulation, 4) (pp with the

@@ -241,9 +241,13 @@ VerifyReport run_verification(const StepPlan& plan, const TinyModel& model, cons
   rep.world = l.dp * l.tp * l.cp * l.pp;
 
   VerifyOptions opts = o;
+  // Bugs that edit the plan run on an edited copy (apply_plan_injection).
+  const bool edits = o.inject == Injection::w_before_b || o.inject == Injection::drop_w;
+  const StepPlan edited = edits ? apply_plan_injection(plan, o.inject) : StepPlan{};
+  const StepPlan& injected = edits ? edited : plan;
   while (true) {
     if (!refs) refs = std::make_unique<RefPipeline>(model, opts, opts.threads != 1);
-    Interpreter it(model, plan, opts);
+    Interpreter it(model, injected, opts);
     it.load_params(refs->initial_params());
     for (int s = 1; s <= o.steps && it.runnable(); ++s) {
       const RefState after = [&refs, s] { return refs->after(s); };

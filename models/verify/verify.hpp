@@ -45,6 +45,22 @@
 //    recompute=full only the layer input; with selective, not the attention core; K/V of
 //    other CP ranks are not kept; ZeRO-3 frees gathered layer parameters after use
 //    (poisoned with NaN). A missing recompute or gather shows as a missing tensor.
+//  - Orders of the pipeline schedules (models/verify/schedule.cpp and the block files): a
+//    (layer, micro-batch)'s weight-gradient ops (W: *_wgrad, embedding_bwd, with the SP
+//    tp_allgather_input re-gathers and, Op::pass W, the embedding's TP AllGather) may run any
+//    time after its input-gradient ops (B), after other micro-batches' forward and backward
+//    (zero-bubble): what W reads (norm outputs, attention output, MLP activation, GEMM output
+//    gradients; the embedding's output gradient) is kept past the end of B until the last
+//    W of that (layer, micro-batch) ran. A W before its B finds its gradient missing (plan
+//    problem); ZeRO-3 frees a layer's gathered parameters when another layer's op runs, so
+//    a deferred W needs its layer's dp_param_allgather again. A stage holds the layers its
+//    ops name and the embedding / head when its ops run them, so a layer may live on two
+//    pipeline ranks (DualPipe); the virtual stage of a chunk is the rank of its first layer
+//    among all chunks' (chunk * pp + stage when interleaved). dualpipe_grad_allreduce
+//    (PP AllReduce SUM over GroupKind::MIRROR, both stages of the pair reach it, a
+//    rendezvous like embedding_grad_allreduce) sums the gradients of every parameter both
+//    ranks hold, as they stand; size_bytes = those elements x grad_bytes_per_param (after
+//    a DP ReduceScatter: the elements the rank owns).
 //  - DP gradient collectives act on the parameters whose gradients are complete (no later
 //    op of the step, or of the micro-batch under ZeRO-3 / reduce_every_micro_batch, writes
 //    them; which op writes which gradient is a table by op name, checked against the
@@ -74,10 +90,20 @@ enum class Injection {
   cp_causal_local,        // ring attention masks with local positions (ignores the block offset)
   zero_skip_param_gather, // ZeRO: parameter AllGathers skipped (non-owners keep stale shards)
   pp_microbatch_swap,     // a stage takes the newest queued message instead of the oldest
+  // Plan edits (apply_plan_injection): the bugs a zero-bubble schedule's B/W split can have.
+  w_before_b,             // the first stage's first weight-gradient op (W) runs before its layer's backward (B)
+  drop_w,                 // the first stage's first weight-gradient op is dropped (a deferred W never runs)
 };
 const char* to_string(Injection);
 /// Every injection but `none`, in declaration order.
 std::vector<Injection> all_injections();
+/// The plan the interpreter runs under `inj`: an unedited copy for the bugs the interpreter
+/// injects, else a copy edited as the bug says. w-before-b: the first op on stage 0 named
+/// *_wgrad (a layer's W, in plan order) moves to just before the first backward op of its
+/// (layer, micro-batch), so the gradient it multiplies does not exist yet; drop-w: that op
+/// is removed, so its weight gradient lacks one micro-batch. Throws InputError when stage 0
+/// has no *_wgrad op.
+StepPlan apply_plan_injection(const StepPlan& plan, Injection inj);
 /// Parses "tp-grad-avg" etc. Throws InputError listing the valid names.
 Injection parse_injection(const std::string& name);
 /// Empty when the bug can change the result on this (shrunk) experiment; otherwise the

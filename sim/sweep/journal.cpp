@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "models/errors.hpp"
+#include "models/schedules/schedule.hpp"
 #include "reports/atomic_file.hpp"
 #include "reports/csv.hpp"
 
@@ -28,9 +29,7 @@ Recompute recompute_of(const std::string& s) {
 }
 
 Schedule schedule_of(const std::string& s) {
-  if (s == to_string(Schedule::interleaved)) return Schedule::interleaved;
-  if (s == to_string(Schedule::gpipe)) return Schedule::gpipe;
-  if (s == to_string(Schedule::one_f_one_b)) return Schedule::one_f_one_b;
+  if (const sched::PipelineSchedule* p = sched::find_schedule(s)) return p->id();
   throw std::runtime_error("bad schedule \"" + s + "\"");
 }
 

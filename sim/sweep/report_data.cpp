@@ -29,6 +29,7 @@ std::string layout_label(const Layout& l, int64_t mb) {
                   fmt::format(" TP{} CP{} PP{}", l.tp, l.cp, l.pp);
   if (l.vp > 1) s += fmt::format(" VP{}", l.vp);
   if (l.schedule == Schedule::gpipe) s += " GPipe";
+  else if (l.schedule != Schedule::one_f_one_b && l.schedule != Schedule::interleaved) s += std::string(" ") + to_string(l.schedule);
   s += fmt::format(" ZeRO-{}", l.zero_stage);
   if (l.sequence_parallel && l.tp > 1) s += " SP";  // tp = 1: no TP group to split (summary: "off")
   s += std::string(" ") + to_string(l.recompute) + fmt::format(" mb{}", mb);

@@ -41,7 +41,8 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
       const auto per = pp_vp ? checked::product({n(resolve_tp(s, cc.base).size()), n(resolve_cp(s, cc.base).size()),
                                                  *pp_vp, s.dp.is_auto ? 1 : n(s.dp.values.size()),
                                                  n(s.zero_stages.size()), n(mbs.size()), n(s.recompute.size()),
-                                                 n(s.sequence_parallel.size())})
+                                                 n(s.sequence_parallel.size()),
+                                                 std::max<int64_t>(1, n(s.schedules.size()))})
                              : std::nullopt;
       total = total && per ? checked::add(*total, *per) : std::nullopt;
     }
@@ -49,7 +50,7 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
       throw InputError(spec.source + ": space gives " +
                        (total ? checked::with_commas(*total) : std::string("more than 2^63")) +
                        " layouts (clusters x tp x cp x pp x vp x dp x zero_stage x micro_batch x recompute x "
-                       "sequence_parallel): more than the " + checked::with_commas(limits::kMaxSweepLayouts) +
+                       "sequence_parallel x schedule): more than the " + checked::with_commas(limits::kMaxSweepLayouts) +
                        "-layout limit (each layout is kept with its result and evaluated); narrow the space");
   }
   int64_t id = 0;
@@ -77,7 +78,8 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
               for (int zero : s.zero_stages)
                 for (int64_t mb : mbs)
                   for (Recompute rc : s.recompute)
-                    for (bool sp : s.sequence_parallel) {
+                    for (bool sp : s.sequence_parallel)
+                      for (size_t si = 0; si < std::max<size_t>(1, s.schedules.size()); ++si) {
                       LayoutPoint p;
                       p.id = id++;
                       p.cluster = static_cast<int64_t>(ci);
@@ -86,7 +88,9 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
                       p.layout.cp = cp;
                       p.layout.pp = pp;
                       p.layout.vp = vp;
-                      p.layout.schedule = vp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+                      p.layout.schedule = !s.schedules.empty() ? s.schedules[si]
+                                          : vp > 1           ? Schedule::interleaved
+                                                             : Schedule::one_f_one_b;
                       p.layout.zero_stage = zero;
                       p.layout.recompute = rc;
                       p.layout.sequence_parallel = sp;

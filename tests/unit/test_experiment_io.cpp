@@ -374,7 +374,9 @@ TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
   const auto ps = problems(with_line("  tp: 4", "  bogus_knob: 1"), {"layout.tp=3", "cluster.gpu=X100"});
   auto has = [&](const std::string& s) { return std::find(ps.begin(), ps.end(), s) != ps.end(); };
   EXPECT_TRUE(has("exp.yaml: unknown key layout.bogus_knob (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
-                  "sequence_parallel, recompute)"))
+                  "sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
+                  "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
+                  "decoder_last_pipeline_num_layers, pipeline_layout)"))
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
   EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
@@ -526,7 +528,9 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     const auto ps = problems(with_line("  tp: 4", "  ep: 2"));
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.ep (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
-                     "sequence_parallel, recompute)");
+                     "sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
+                     "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
+                     "decoder_last_pipeline_num_layers, pipeline_layout)");
   }
   {
     const auto ps = problems(with_line("  micro_batch: 2", "  lr: 0.1"));
@@ -622,7 +626,9 @@ TEST(ExperimentIoSet, UnknownPathIsNamed) {
   const auto ps = problems(kBase, {"layout.foo=1"});
   ASSERT_EQ(ps.size(), 1u) << dump(ps);
   EXPECT_EQ(ps[0], "exp.yaml: --set layout.foo=1: unknown key layout.foo (valid keys under layout: dp, tp, cp, pp, "
-                   "vp, schedule, zero_stage, sequence_parallel, recompute)");
+                   "vp, schedule, zero_stage, sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
+                   "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
+                   "decoder_last_pipeline_num_layers, pipeline_layout)");
   const auto ps2 = problems(kBase, {"layout.tp.x=1"});
   ASSERT_EQ(ps2.size(), 1u) << dump(ps2);
   EXPECT_EQ(ps2[0], "exp.yaml: --set layout.tp.x=1: unknown key layout.tp.x (layout.tp is a single value, not a map)");

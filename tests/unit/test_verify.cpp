@@ -613,21 +613,22 @@ struct Bug {
 };
 
 TEST(VerifyInjections, EveryBugFailsItsRule) {
-  // All eight bugs can show on this layout (DP, TP, CP, PP, ZeRO-1, 4 micro-batches).
+  // All ten bugs can show on this layout (DP, TP, CP, PP, ZeRO-1, 4 micro-batches).
   const Experiment e = make({.name = "rich", .dp = 2, .tp = 2, .cp = 2, .pp = 2, .zero = 1});
   const StepPlan plan = build_step_plan(shrink_experiment(e));
   ASSERT_TRUE(verify_plan(plan).passed());
   for (const Bug& b : {Bug{Injection::tp_grad_avg, "TP"}, Bug{Injection::dp_local_mean, "DP"},
                        Bug{Injection::cp_loss_scale, "loss"}, Bug{Injection::adam_before_sync, "ZeRO"},
                        Bug{Injection::dp_grad_sum, "DP"}, Bug{Injection::cp_causal_local, "CP"},
-                       Bug{Injection::zero_skip_param_gather, "ZeRO"}, Bug{Injection::pp_microbatch_swap, "PP"}}) {
+                       Bug{Injection::zero_skip_param_gather, "ZeRO"}, Bug{Injection::pp_microbatch_swap, "PP"},
+                       Bug{Injection::w_before_b, "plan"}, Bug{Injection::drop_w, "DP"}}) {
     VerifyOptions o;
     o.inject = b.inj;
     const VerifyReport r = verify_plan(plan, o);
     EXPECT_FALSE(r.passed()) << to_string(b.inj);
     EXPECT_FALSE(r.rule(b.rule).passed) << to_string(b.inj) << describe(r);
   }
-  EXPECT_EQ(all_injections().size(), 8u);
+  EXPECT_EQ(all_injections().size(), 10u);  // w-before-b and drop-w: tests/unit/test_verify_schedules.cpp
 }
 
 TEST(VerifyInjections, ClassicBugsOnTheirOwnSplit) {

@@ -1,0 +1,126 @@
+#include "models/blocks/attention.hpp"
+
+#include "models/blocks/norm.hpp"
+
+namespace dtsim::blocks {
+
+void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb) {
+  const double heads_local = static_cast<double>(c.m.heads) / c.t;
+  const double S = static_cast<double>(c.e.training.seq_len);
+  const double flops = (c.fwd.attention_scores + c.fwd.attention_values) / c.t;
+  int cp_handle = -1;
+  if (c.l.cp > 1) {
+    const double kv_block = kAct * 2.0 * c.b * c.s * c.kvd / c.t;
+    cp_handle = c.issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP,
+                        kv_block * static_cast<double>(c.l.cp));
+  }
+  const double cpf = static_cast<double>(c.l.cp);
+  if (c.e.training.flash_attention) {
+    const double bytes = kAct * c.b * (c.s * (2 * c.h) + S * 2 * c.kvd) / c.t;
+    if (cp_handle >= 0) {
+      c.compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1, c.attn_fwd_work);
+      c.wait(cp_handle, CommKind::CP, layer, mb, ph);
+      c.ring_blocks();
+      c.compute("attention_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
+                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_fwd_work);
+    } else {
+      c.compute("attention", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_fwd_work);
+    }
+  } else {
+    c.wait(cp_handle, CommKind::CP, layer, mb, ph);
+    const double hd = static_cast<double>(c.m.head_dim());
+    const double batch_heads = c.b * heads_local;
+    c.gemm("attention_scores", ph, layer, mb, c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd);
+    c.compute("softmax_dropout", ph, layer, mb, KernelKind::memory, 0, batch_heads * c.s * S * kUnfusedScoreBytes, 2);
+    c.gemm("attention_values", ph, layer, mb, c.fwd.attention_values / c.t, batch_heads * c.s, hd, S);
+  }
+}
+
+void attention_core_backward(BlockContext& c, int layer, int mb) {
+  const Phase ph = Phase::backward;
+  const double heads_local = static_cast<double>(c.m.heads) / c.t;
+  const double S = static_cast<double>(c.e.training.seq_len);
+  const double flops = 2.0 * (c.fwd.attention_scores + c.fwd.attention_values) / c.t;
+  const double cpf = static_cast<double>(c.l.cp);
+  int kv = -1;
+  const double kv_size = kAct * 2.0 * c.b * c.s * c.kvd / c.t * cpf;
+  if (c.l.cp > 1)
+    kv = c.issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP, kv_size);
+  if (c.e.training.flash_attention) {
+    const double bytes = kAct * c.b * (c.s * (4 * c.h) + S * 4 * c.kvd) / c.t;
+    if (kv >= 0) {
+      c.compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
+                c.attn_bwd_work);
+      c.wait(kv, CommKind::CP, layer, mb, ph);
+      c.ring_blocks();
+      const int dkv = c.issue("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter,
+                              GroupKind::CP, kv_size);
+      c.compute("attention_bwd_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
+                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_bwd_work);
+      c.wait(dkv, CommKind::CP, layer, mb, ph);
+    } else {
+      c.compute("attention_bwd", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_bwd_work);
+    }
+  } else {
+    c.wait(kv, CommKind::CP, layer, mb, ph);
+    const double hd = static_cast<double>(c.m.head_dim());
+    const double batch_heads = c.b * heads_local;
+    c.gemm("attention_values_bwd", ph, layer, mb, 2.0 * c.fwd.attention_values / c.t, batch_heads * c.s, hd, S);
+    c.compute("softmax_dropout_bwd", ph, layer, mb, KernelKind::memory, 0,
+              batch_heads * c.s * S * kUnfusedScoreBytes * kElementwiseBwd, 2);
+    c.gemm("attention_scores_bwd", ph, layer, mb, 2.0 * c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd);
+    if (c.l.cp > 1)
+      c.collective("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter, GroupKind::CP,
+                   kv_size);
+  }
+}
+
+void AttentionBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
+  const double tok = c.b * c.s;
+  c.tp_enter(ph, layer, mb, "tp_allgather");
+  c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, (c.h + 2 * c.kvd) / c.t, c.h);
+  if (c.m.position == Position::rope)
+    c.compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (c.h + c.kvd) / c.t);
+  attention_core_forward(c, ph, layer, mb);
+  c.gemm("out_proj", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h, c.h / c.t);
+  c.tp_exit(ph, layer, mb, c.sp_on ? "tp_reducescatter" : "tp_allreduce");
+}
+
+void AttentionBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
+  const Phase ph = Phase::backward;
+  const double tok = c.b * c.s;
+  const bool in = part != BackwardPart::weight;  // emit the input-gradient (B) ops
+  const bool wt = part != BackwardPart::input;   // emit the weight-gradient (W) ops
+  if (in) {
+    c.tp_gather_output_grad(layer, mb);  // TE "proj_dgrad"
+    c.gemm("out_proj_dgrad", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h / c.t, c.h);
+  }
+  if (wt) c.gemm("out_proj_wgrad", ph, layer, mb, c.fwd.out_proj / c.t, c.h / c.t, c.h, tok);
+  if (in) {
+    attention_core_backward(c, layer, mb);
+    if (c.m.position == Position::rope)
+      c.compute("rope_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (c.h + c.kvd) / c.t);
+  }
+  const double qkv_n = (c.h + 2 * c.kvd) / c.t;
+  c.column_parallel_backward(
+      layer, mb, part, [&] { c.gemm("qkv_dgrad", ph, layer, mb, c.fwd.qkv / c.t, tok, c.h, qkv_n); },
+      [&] { c.gemm("qkv_wgrad", ph, layer, mb, c.fwd.qkv / c.t, c.h, qkv_n, tok); });
+}
+
+BlockParams AttentionBlock::parameters(const ModelSpec& m) const {
+  const double h = static_cast<double>(m.hidden), qw = static_cast<double>(m.heads * m.head_dim()),
+               kvw = static_cast<double>(m.kv_heads * m.head_dim());
+  BlockParams p;
+  p.sharded_weights = h * (qw + 2.0 * kvw) + qw * h;
+  if (has_linear_biases(m)) {
+    p.sharded_biases = qw + 2.0 * kvw;
+    p.replicated_biases = h;
+  }
+  return p;
+}
+
+void AttentionBlock::selective_recompute(BlockContext& c, int layer, int mb) const {
+  attention_core_forward(c, Phase::recompute, layer, mb);
+}
+
+}  // namespace dtsim::blocks

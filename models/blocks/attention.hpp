@@ -1,0 +1,35 @@
+#pragma once
+// Self-attention block: QKV projection (column-parallel), rotary embedding, the attention
+// core (flash or unfused, MHA or GQA, with the context-parallel K/V ring), the output
+// projection (row-parallel) and its TP reduction (Shoeybi 2019 Sec 3; Korthikanti 2022
+// Sec 4). FLOPs are flops.hpp's layer_forward_flops, divided by t per rank.
+#include "models/blocks/block.hpp"
+
+namespace dtsim::blocks {
+
+/// Bytes per attention-score element moved by unfused attention in forward: write QK^T
+/// (2), softmax read (2) + write (2), dropout read (2) + mask write (1) + write (2), AV read
+/// (2) = 13; the tensors Korthikanti 2022 Sec 4.1 lists for the attention core.
+inline constexpr double kUnfusedScoreBytes = 13.0;
+
+/// The attention core forward (softmax(Q K^T) V) of one layer, or its recomputation
+/// (ph = Phase::recompute: Korthikanti 2022 Sec 5 selective recomputation). With CP the
+/// remote K/V blocks arrive by a ring AllGather while the local block computes.
+void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb);
+/// Its backward (all B: it produces the Q, K, V gradients; it has no weights). With CP,
+/// K/V circulate again and dK/dV are reduce-scattered back to their owners.
+void attention_core_backward(BlockContext& c, int layer, int mb);
+
+class AttentionBlock : public Block {
+ public:
+  void forward(BlockContext& c, int layer, int mb, Phase ph) const override;
+  /// B: output-gradient gather (SP), out_proj dgrad, core backward, rope backward, QKV
+  /// dgrad and its TP reduction. W: out_proj_wgrad, then qkv_wgrad (after the SP re-gather).
+  void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
+  void selective_recompute(BlockContext& c, int layer, int mb) const override;
+  /// QKV h x (q + 2 kv) and out_proj q x h weights (GQA-aware), sharded; with linear
+  /// biases (flops.hpp rule) the QKV bias sharded and the out_proj bias (h) replicated.
+  BlockParams parameters(const ModelSpec& m) const override;
+};
+
+}  // namespace dtsim::blocks

@@ -1,0 +1,21 @@
+#pragma once
+// MLP block: the up projection (and SwiGLU's gate) column-parallel, the activation (GeLU,
+// or SwiGLU: Shazeer 2020), the down projection row-parallel and its TP reduction
+// (Shoeybi 2019 Sec 3). FLOPs are flops.hpp's layer_forward_flops, divided by t per rank.
+#include "models/blocks/block.hpp"
+
+namespace dtsim::blocks {
+
+class MlpBlock : public Block {
+ public:
+  void forward(BlockContext& c, int layer, int mb, Phase ph) const override;
+  /// B: output-gradient gather (SP), mlp_down dgrad, activation backward, up (+ gate)
+  /// dgrad and its TP reduction. W: mlp_down_wgrad, then mlp_up_wgrad (up and gate as one
+  /// GEMM, after the SP re-gather).
+  void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
+  /// Up (+ gate for SwiGLU) h x ffn and down ffn x h weights, sharded; with linear biases
+  /// (flops.hpp rule) the up (+ gate) biases sharded and the down bias (h) replicated.
+  BlockParams parameters(const ModelSpec& m) const override;
+};
+
+}  // namespace dtsim::blocks

@@ -1,0 +1,155 @@
+// The pipeline-schedule registry and the order analysis every consumer shares
+// (models/schedules/schedule.hpp).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "models/schedules/schedule.hpp"
+#include "models/schedules/schedules.hpp"
+
+namespace dtsim::sched {
+
+const char* to_string(Pass p) {
+  switch (p) {
+    case Pass::F: return "F";
+    case Pass::B: return "B";
+    case Pass::W: return "W";
+    case Pass::BW: return "BW";
+  }
+  return "?";
+}
+
+const std::vector<const PipelineSchedule*>& all_schedules() {
+  // One line per schedule. Order: the layout.schedule values in --help and errors.
+  static const std::vector<std::unique_ptr<PipelineSchedule>> owned = [] {
+    std::vector<std::unique_ptr<PipelineSchedule>> v;
+    v.push_back(make_one_f_one_b());
+    v.push_back(make_gpipe());
+    v.push_back(make_interleaved());
+    v.push_back(make_zb_h1());
+    v.push_back(make_zb_h2());
+    v.push_back(make_dualpipev());
+    v.push_back(make_dualpipe());
+    return v;
+  }();
+  static const std::vector<const PipelineSchedule*> view = [] {
+    std::vector<const PipelineSchedule*> v;
+    for (const auto& s : owned) v.push_back(s.get());
+    return v;
+  }();
+  return view;
+}
+
+const PipelineSchedule& schedule_of(Schedule s) {
+  for (const PipelineSchedule* p : all_schedules())
+    if (p->id() == s) return *p;
+  throw std::logic_error("schedule_of: unregistered schedule");
+}
+
+const PipelineSchedule* find_schedule(const std::string& name) {
+  for (const PipelineSchedule* p : all_schedules())
+    if (name == p->name()) return p;
+  return nullptr;
+}
+
+std::string schedule_names() {
+  std::string out;
+  for (const PipelineSchedule* p : all_schedules()) out += (out.empty() ? "" : ", ") + std::string(p->name());
+  return out;
+}
+
+Dims dims_of(const Layout& l, int64_t micro_batches) { return {l.pp, l.vp, micro_batches}; }
+
+Place PipelineSchedule::next(const Dims& d, int64_t r, int64_t c, int64_t mb) const {
+  const int64_t vs = virtual_stage(d, r, c);
+  return vs + 1 < virtual_stages(d) ? place(d, vs + 1, mb) : Place{};
+}
+
+Place PipelineSchedule::prev(const Dims& d, int64_t r, int64_t c, int64_t mb) const {
+  const int64_t vs = virtual_stage(d, r, c);
+  return vs > 0 ? place(d, vs - 1, mb) : Place{};
+}
+
+OrderStats order_stats(const std::vector<Step>& order) {
+  OrderStats st;
+  int64_t live = 0, live0 = 0;
+  bool backward_seen = false;
+  for (const Step& s : order) {
+    if (s.pass == Pass::F) {
+      ++live;
+      if (s.chunk == 0) ++live0;
+      if (!backward_seen) ++st.warmup;
+      if (live > st.peak_live) {
+        st.peak_live = live;
+        st.peak_live_chunk0 = live0;
+      }
+    } else {
+      if (s.pass == Pass::BW || s.pass == Pass::B) backward_seen = true;
+      if (s.pass == Pass::BW || s.pass == Pass::W) {
+        --live;
+        if (s.chunk == 0) --live0;
+      }
+    }
+  }
+  return st;
+}
+
+OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vector<std::vector<Step>>& order,
+                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s) {
+  const int64_t P = d.pp, C = s.chunks(d), M = d.micro_batches;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto idx = [&](int64_t r, int64_t c, int64_t mb) { return static_cast<size_t>((r * C + c) * M + mb); };
+  std::vector<double> f_done(static_cast<size_t>(P * C * M), nan), b_done(f_done.size(), nan);
+  OrderTiming out;
+  out.finish.assign(static_cast<size_t>(P), 0.0);
+  out.busy.assign(static_cast<size_t>(P), 0.0);
+  std::vector<size_t> pos(static_cast<size_t>(P), 0);
+  size_t remaining = 0;
+  for (const auto& o : order) remaining += o.size();
+  while (remaining > 0) {
+    bool progress = false;
+    for (int64_t r = 0; r < P; ++r) {
+      const auto& o = order[static_cast<size_t>(r)];
+      size_t& k = pos[static_cast<size_t>(r)];
+      double& t = out.finish[static_cast<size_t>(r)];
+      while (k < o.size()) {
+        const Step& st = o[k];
+        const ChunkCosts& cc = costs[static_cast<size_t>(r)][static_cast<size_t>(st.chunk)];
+        double ready = t, cost = 0;
+        if (st.pass == Pass::F) {
+          const Place pr = s.prev(d, r, st.chunk, st.mb);
+          if (pr.valid()) {
+            const double up = f_done[idx(pr.rank, pr.chunk, st.mb)];
+            if (std::isnan(up)) break;
+            ready = std::max(ready, up + (pr.rank == r ? 0.0 : p2p_s));
+          }
+          cost = cc.f;
+        } else if (st.pass == Pass::B || st.pass == Pass::BW) {
+          const Place nx = s.next(d, r, st.chunk, st.mb);
+          const double dep = nx.valid() ? b_done[idx(nx.rank, nx.chunk, st.mb)] : f_done[idx(r, st.chunk, st.mb)];
+          if (std::isnan(dep)) break;
+          ready = std::max(ready, dep + (nx.valid() && nx.rank != r ? p2p_s : 0.0));
+          cost = st.pass == Pass::B ? cc.b : cc.b + cc.w;
+        } else {  // W after its own B
+          const double own = b_done[idx(r, st.chunk, st.mb)];
+          if (std::isnan(own)) break;
+          ready = std::max(ready, own);
+          cost = cc.w;
+        }
+        t = ready + cost;
+        out.busy[static_cast<size_t>(r)] += cost;
+        if (st.pass == Pass::F) f_done[idx(r, st.chunk, st.mb)] = t;
+        else if (st.pass != Pass::W) b_done[idx(r, st.chunk, st.mb)] = t;
+        ++k;
+        --remaining;
+        progress = true;
+      }
+    }
+    if (!progress) throw std::logic_error(std::string("pipeline schedule ") + s.name() + " deadlocks");
+  }
+  for (double f : out.finish) out.makespan = std::max(out.makespan, f);
+  return out;
+}
+
+}  // namespace dtsim::sched

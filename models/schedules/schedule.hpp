@@ -1,0 +1,155 @@
+#pragma once
+// Pipeline schedules as a registry: one file per schedule (models/schedules/*.cpp), one
+// line per schedule in registry.cpp. A schedule only says, for each pipeline rank, in which
+// order it runs the forward (F) and backward passes of its model chunks' micro-batches, and
+// where its chunks sit in the model; the plan builder (models/plan.cpp) turns that order into
+// ops, the memory model reads its in-flight activations from it (order_stats), and the
+// analytic engine times it (time_order). Nothing else knows a schedule's shape.
+//
+// Terms (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec 2):
+//  - F: forward of one model chunk for one micro-batch;
+//  - B: its backward with respect to the inputs (activation gradients), which the previous
+//    stage waits for;
+//  - W: its backward with respect to the weights, which nothing downstream waits for and so
+//    may run later (its weight gradients must exist before the DP sync and the optimizer);
+//  - BW: B and W together, the fused backward of GPipe / 1F1B / interleaved.
+// A model chunk is a contiguous run of layers (a virtual stage); with interleaving or a V
+// placement a pipeline rank holds several (Narayanan 2021 Sec 2.2.2).
+//
+// Adding a schedule: a new file defining a PipelineSchedule subclass and a `make_...()`
+// factory, and one line in registry.cpp; tests/unit/test_schedules.cpp walks the registry
+// and runs every schedule through the same checks (each micro-batch's F, B and W exactly
+// once per chunk, dependencies, no deadlock, bubble against the closed form on uniform costs).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/experiment.hpp"
+
+namespace dtsim::sched {
+
+enum class Pass : uint8_t { F, B, W, BW };
+const char* to_string(Pass);
+
+/// One entry of a rank's order: `pass` of model chunk `chunk` (0-based, on this rank) for
+/// micro-batch `mb` (0-based over the step's micro-batches).
+struct Step {
+  Pass pass = Pass::F;
+  int32_t chunk = 0;
+  int32_t mb = 0;
+  bool operator==(const Step&) const = default;
+};
+
+/// What a schedule's order depends on: pipeline ranks, layout.vp and the micro-batches per
+/// step (gradient accumulation steps).
+struct Dims {
+  int64_t pp = 1;
+  int64_t vp = 1;
+  int64_t micro_batches = 1;
+};
+
+/// Where a model chunk sits: its virtual stage in model order and its neighbours. A
+/// `Place{rank, chunk}` of -1 means none (first/last virtual stage of the model).
+struct Place {
+  int64_t rank = -1;
+  int64_t chunk = -1;
+  bool valid() const { return rank >= 0; }
+};
+
+class PipelineSchedule {
+ public:
+  virtual ~PipelineSchedule() = default;
+  /// The layout.schedule value, e.g. "zb-h1".
+  virtual const char* name() const = 0;
+  /// The paper / code the order follows.
+  virtual const char* source() const = 0;
+  /// One line for --help / explain.
+  virtual const char* summary() const = 0;
+  virtual Schedule id() const = 0;
+
+  /// Input errors for dims this schedule cannot run, each naming the key and the
+  /// constraint (e.g. "layout.schedule=dualpipe needs an even layout.pp (got 3)").
+  virtual std::vector<std::string> check(const Dims& d) const = 0;
+
+  /// Model chunks each pipeline rank holds: 1, layout.vp (interleaved) or 2 (V / DualPipe).
+  virtual int64_t chunks(const Dims& d) const { return d.vp; }
+  /// Virtual stages of the model (each a distinct run of layers): pp x chunks, except
+  /// DualPipe, whose two directions hold the same pp stages (each on two ranks).
+  virtual int64_t virtual_stages(const Dims& d) const { return d.pp * chunks(d); }
+  /// The virtual stage (model order) that chunk `c` of pipeline rank `r` runs. Megatron's
+  /// interleaving by default: c * pp + r (Narayanan 2021 Sec 2.2.2).
+  virtual int64_t virtual_stage(const Dims& d, int64_t r, int64_t c) const { return c * d.pp + r; }
+  /// Who runs virtual stage `vs` for micro-batch `mb` (the inverse of virtual_stage; DualPipe
+  /// answers by the micro-batch's direction). Megatron's interleaving by default.
+  virtual Place place(const Dims& d, int64_t vs, int64_t /*mb*/) const { return {vs % d.pp, vs / d.pp}; }
+  /// The chunk that receives the forward output of chunk `c` of rank `r` for micro-batch
+  /// `mb` (and sends back its input gradient): the next virtual stage, or none after the
+  /// loss. The same rank means a local hand-over without pipeline communication.
+  Place next(const Dims& d, int64_t r, int64_t c, int64_t mb) const;
+  /// The chunk its forward input comes from (and its input gradient goes to), or none on
+  /// the embedding.
+  Place prev(const Dims& d, int64_t r, int64_t c, int64_t mb) const;
+  /// Whether chunk `c` of rank `r` holds the first (embedding) / last (loss) virtual stage.
+  bool first(const Dims& d, int64_t r, int64_t c) const { return virtual_stage(d, r, c) == 0; }
+  bool last(const Dims& d, int64_t r, int64_t c) const { return virtual_stage(d, r, c) == virtual_stages(d) - 1; }
+  /// Whether chunk `c` of rank `r` runs micro-batch `mb` at all (DualPipe: each direction
+  /// carries half of them).
+  virtual bool runs(const Dims&, int64_t /*r*/, int64_t /*c*/, int64_t /*mb*/) const { return true; }
+  /// Whether each layer's weights are held by two ranks (DualPipe), whose gradients are
+  /// then summed before the optimizer.
+  virtual bool params_twice() const { return false; }
+  /// Whether the order splits backwards into B and W.
+  virtual bool splits_backward() const { return false; }
+
+  /// The order of every pipeline rank, [rank][k]. Requires check(d) to be empty.
+  virtual std::vector<std::vector<Step>> order(const Dims& d) const = 0;
+
+  /// The bubble of the paper's closed form on uniform costs, for the tests: every chunk's
+  /// F, B and W take f, b and w seconds and messages are free; -1 when the paper gives none
+  /// for these dims. Per rank, idle time between the start and the end of the step.
+  virtual double closed_form_bubble(const Dims& d, double f, double b, double w) const = 0;
+};
+
+/// The registered schedules, in registry order.
+const std::vector<const PipelineSchedule*>& all_schedules();
+/// The schedule of a layout.
+const PipelineSchedule& schedule_of(Schedule s);
+/// By layout.schedule name; nullptr when unknown.
+const PipelineSchedule* find_schedule(const std::string& name);
+/// "gpipe, 1f1b, ..." for error messages.
+std::string schedule_names();
+/// Dims of an experiment's layout (micro-batches = Training::accumulation).
+Dims dims_of(const Layout& l, int64_t micro_batches);
+
+// ---- order analysis shared by the memory model, the analytic engine and the tests ----
+
+/// What a rank's order keeps alive, in chunk-micro-batches: a micro-batch's activations of a
+/// chunk are held from its F until its backward has consumed them (BW, or W when split: W
+/// needs the layer inputs and output gradients, ZB paper Sec 2; counting them until W is the
+/// paper's memory accounting, which keeps ZB-H1 at 1F1B's peak).
+struct OrderStats {
+  int64_t peak_live = 0;        // most chunk-micro-batches alive at once
+  int64_t peak_live_chunk0 = 0; // of them, on chunk 0 (the first virtual stage's embedding)
+  int64_t warmup = 0;           // forwards before the first backward (Megatron's warm-up + 1 in 1F1B)
+};
+OrderStats order_stats(const std::vector<Step>& rank_order);
+
+/// Per-rank costs of one micro-batch's F, B and W of each chunk, seconds.
+struct ChunkCosts {
+  double f = 0, b = 0, w = 0;
+};
+/// Timing of an order: each rank runs its steps in order; an F waits for the previous
+/// virtual stage's F of the micro-batch, a B (or BW) for the next one's B, plus `p2p_s` when
+/// the two are on different ranks; a W follows its own B. costs[r][c]. Returns per-rank
+/// finish times (the step's pipeline time is the max) and busy time; throws std::logic_error
+/// on a deadlock (an order no rank can advance), which a registered schedule never has.
+struct OrderTiming {
+  std::vector<double> finish;  // per rank, seconds from the step start
+  std::vector<double> busy;    // per rank, seconds of work
+  double makespan = 0;
+};
+OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vector<std::vector<Step>>& order,
+                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s);
+
+}  // namespace dtsim::sched
