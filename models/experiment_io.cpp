@@ -20,7 +20,8 @@
 //          and requires are listed there), collectives {algorithm (auto), protocol (auto)},
 //          hbm_reserve
 //   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
-//          interleaved; interleaved when vp > 1, else 1f1b), zero_stage (0),
+//          interleaved|zb-h1|zb-h2|dualpipev|dualpipe, models/schedules/; interleaved when
+//          vp > 1, else 1f1b), zero_stage (0),
 //          sequence_parallel (false), recompute (none|selective|full; none),
 //          account_for_embedding_in_pipeline_split (false), account_for_loss_in_pipeline_split
 //          (false), decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,

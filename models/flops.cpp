@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "models/blocks/layer.hpp"
 #include "models/errors.hpp"
 #include "models/pipeline_split.hpp"
 
@@ -25,11 +26,6 @@ void check_non_negative(int64_t v, const char* what) {
 
 double d(int64_t v) { return static_cast<double>(v); }
 
-// Width of the Q projection output (= heads * head_dim; = h for the usual head_dim = h/a).
-int64_t q_width(const ModelSpec& m) { return m.heads * m.head_dim(); }
-// Width of each of the K and V projection outputs under GQA.
-int64_t kv_width(const ModelSpec& m) { return m.kv_heads * m.head_dim(); }
-
 }  // namespace
 
 double ForwardFlops::total() const {
@@ -41,18 +37,9 @@ ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64
   check_non_negative(b, "b");
   check_non_negative(s, "s");
   check_non_negative(s_kv, "s_kv");
-  const double tokens = d(b) * d(s);
-  const double h = d(m.hidden), f = d(m.ffn_hidden);
-  const double qw = d(q_width(m)), kvw = d(kv_width(m));
-  ForwardFlops out;
-  out.qkv = 2.0 * tokens * h * (qw + 2.0 * kvw);
-  out.attention_scores = 2.0 * tokens * d(s_kv) * qw;
-  out.attention_values = 2.0 * tokens * d(s_kv) * qw;
-  out.out_proj = 2.0 * tokens * qw * h;
-  out.mlp_up = 2.0 * tokens * h * f;
-  out.mlp_gate = m.activation == Activation::swiglu ? 2.0 * tokens * h * f : 0.0;
-  out.mlp_down = 2.0 * tokens * f * h;
-  return out;
+  // The sum of what the layer's blocks declare (models/blocks/: attention.cpp, mlp.cpp).
+  // Every layer is the same dense layer today.
+  return blocks::ModelBlocks(m).layer(0).forward_flops(m, d(b) * d(s), d(s_kv));
 }
 
 double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s) {
@@ -107,15 +94,10 @@ int64_t norm_parameters(const ModelSpec& m) {
 
 int64_t layer_parameters(const ModelSpec& m) {
   check_model(m);
-  const int64_t h = m.hidden, f = m.ffn_hidden, qw = q_width(m), kvw = kv_width(m);
-  const int64_t mlp_in_gemms = m.activation == Activation::swiglu ? 2 : 1;  // up (+ gate)
-  int64_t n = h * (qw + 2 * kvw)        // QKV
-              + qw * h                  // output projection
-              + mlp_in_gemms * h * f    // MLP up (+ gate)
-              + f * h                   // MLP down
-              + 2 * norm_parameters(m); // pre-attention and pre-MLP norms
-  if (has_linear_biases(m)) n += (qw + 2 * kvw) + h + mlp_in_gemms * f + h;
-  return n;
+  // The sum of the layer's blocks' parameters (models/blocks/: QKV + out proj, MLP, the two
+  // norms, biases per the rule above). Whole counts below 2^53, so the double sum is exact.
+  const blocks::BlockParams p = blocks::ModelBlocks(m).layer(0).parameters(m);
+  return static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases);
 }
 
 int64_t embedding_parameters(const ModelSpec& m, int64_t seq_len_for_learned_positions) {
@@ -145,16 +127,9 @@ int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
 double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp) {
   check_model(m);
   if (tp <= 0) throw InputError("layout.tp=" + std::to_string(tp) + " must be positive");
-  const double t = d(tp);
-  const double h = d(m.hidden), f = d(m.ffn_hidden), qw = d(q_width(m)), kvw = d(kv_width(m));
-  const double mlp_in_gemms = m.activation == Activation::swiglu ? 2.0 : 1.0;
-  double n = (h * (qw + 2.0 * kvw) + qw * h + mlp_in_gemms * h * f + f * h) / t  // GEMM shards
-             + 2.0 * d(norm_parameters(m));                                       // replicated
-  if (has_linear_biases(m)) {
-    n += ((qw + 2.0 * kvw) + mlp_in_gemms * f) / t;  // column-parallel biases, sharded
-    n += 2.0 * h;                                     // row-parallel biases, replicated
-  }
-  return n;
+  // The layer's blocks' parameters (models/blocks/layer.hpp Layer::parameters_per_tp_rank):
+  // GEMM weights and column-parallel biases / t, norms and row-parallel biases replicated.
+  return blocks::ModelBlocks(m).layer(0).parameters_per_tp_rank(m, tp);
 }
 
 namespace {

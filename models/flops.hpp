@@ -43,6 +43,7 @@ struct ForwardFlops {
 /// Dense causal attention is counted in full, as Narayanan 2021 Eq. 3 and Korthikanti 2022
 /// Eq. 7 do. GQA: K, V projections are kv_heads*head_dim wide. SwiGLU: mlp_gate is a
 /// second h x ffn GEMM. For a GPT block (MHA, ffn = 4h, gelu) total() = 24 b s h^2 + 4 b s^2 h.
+/// The sum of the terms the layer's blocks declare (models/blocks/ Block::forward_flops).
 /// Throws InputError when b, s or s_kv is negative or the model has no heads/hidden.
 ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv);
 
@@ -83,7 +84,8 @@ int64_t norm_parameters(const ModelSpec& m);
 
 /// Parameters (elements) of one transformer layer: QKV + out proj (GQA-aware), MLP (incl.
 /// gate for SwiGLU), two norms, biases per the rule above. GPT: 12h^2 + 13h (Narayanan 2021
-/// Sec 5.1). Llama-2 7B: 4h^2 + 3 h ffn + 2h = 202,383,360.
+/// Sec 5.1). Llama-2 7B: 4h^2 + 3 h ffn + 2h = 202,383,360. The sum of the parameters the
+/// layer's blocks declare (models/blocks/ Block::parameters), as layer_parameters_per_tp_rank.
 int64_t layer_parameters(const ModelSpec& m);
 /// Input embedding: V h, plus learned positions max_pos h (max_pos =
 /// m.max_position_embeddings, or `seq_len_for_learned_positions` when that is 0).

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "models/blocks/layer.hpp"
 #include "models/errors.hpp"
 #include "models/flops.hpp"
 #include "models/pipeline_split.hpp"
@@ -23,34 +24,6 @@ void check_layout(const Layout& l) {
                      " must all be >= 1");
   if (l.zero_stage < 0 || l.zero_stage > 3)
     throw InputError("layout.zero_stage=" + std::to_string(l.zero_stage) + " must be 0, 1, 2 or 3");
-}
-
-// Parts of one layer's stored activations (Korthikanti 2022 Sec 4.1), bytes, one micro-batch,
-// before any TP division. `whole` is kept on every TP rank without SP; `sharded` is split
-// over TP; `scores` is the 5 a s s_kv b attention-score term (split over TP).
-struct LayerParts {
-  double whole = 0;
-  double sharded = 0;
-  double scores = 0;
-};
-
-LayerParts layer_parts(const ModelSpec& m, double s, int64_t b, double s_kv) {
-  const double sb = s * d(b);
-  const double h = d(m.hidden), f = d(m.ffn_hidden);
-  const double qw = d(m.heads * m.head_dim()), kvw = d(m.kv_heads * m.head_dim());
-  LayerParts p;
-  // 2 norm inputs (2sbh each), attention input 2sbh, attention dropout mask sbh,
-  // MLP input 2sbh, MLP dropout mask sbh: 10sbh.
-  p.whole = 10.0 * sb * h;
-  // Q 2sb*qw, K and V 2sb*kvw each, out-proj input 2sb*qw.
-  const double attention = 2.0 * sb * qw + 4.0 * sb * kvw + 2.0 * sb * qw;
-  // gelu: fc1 output (GeLU input) 2sbf + GeLU output 2sbf = 4sbf (= 16sbh for f = 4h).
-  // swiglu: fc1 output [up, gate] 4sbf saved by the fused SwiGLU + its output 2sbf = 6sbf.
-  const double mlp = (m.activation == Activation::swiglu ? 6.0 : 4.0) * sb * f;
-  p.sharded = attention + mlp;
-  // softmax output (2 B) + dropout mask (1 B) + dropout output (2 B) per score.
-  p.scores = 5.0 * d(m.heads) * s * s_kv * d(b);
-  return p;
 }
 
 }  // namespace
@@ -133,14 +106,10 @@ double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_
   if (s < 0 || s_kv < 0 || b < 0) throw InputError("layer_activation_bytes: negative s, s_kv or b");
   if (m.hidden <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.ffn_hidden <= 0)
     throw InputError("model '" + m.name + "': hidden, heads, kv_heads and ffn_hidden must be positive");
-  const double tt = d(t);
-  if (r == Recompute::full) {
-    const double input = 2.0 * s * d(b) * d(m.hidden);
-    return sequence_parallel ? input / tt : input;
-  }
-  const LayerParts p = layer_parts(m, s, b, s_kv);
-  const double scores = (flash_attention || r == Recompute::selective) ? 0.0 : p.scores;
-  return sequence_parallel ? (p.whole + p.sharded + scores) / tt : p.whole + (p.sharded + scores) / tt;
+  // The sum of the terms the layer's blocks declare (models/blocks/: norm.cpp, attention.cpp,
+  // mlp.cpp; Korthikanti 2022 Sec 4.1 per block). Every layer is the same dense layer today.
+  const blocks::ActivationShape a{m, s, d(b), s_kv, flash_attention};
+  return blocks::ModelBlocks(m).layer(0).activation_bytes(a, t, sequence_parallel, r);
 }
 
 int64_t inflight_microbatches(int64_t pp, int64_t stage, int64_t accumulation) {
@@ -266,7 +235,6 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   const int64_t b = tr.micro_batch;
   const double t = d(l.tp);
   const bool sp = l.sequence_parallel;
-  const double sbh = s * d(b) * d(m.hidden);
 
   ActivationBreakdown out;
   const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, accumulation);
@@ -288,12 +256,24 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
         layer_activation_bytes(m, s, b, s_kv, l.tp, sp, Recompute::none, false) - per_layer;
   }
 
+  // The embedding's and the LM head's terms (models/blocks/embedding.cpp, lm_head.cpp;
+  // Korthikanti 2022 Sec 4.3): sequence terms / t with SP, tensor terms / t.
   const RankSplit holds = rank_split(m.layers, l, stage);
-  if (holds.embedding) out.embedding_bytes = d(pin.first_chunk_microbatches) * (sp ? sbh / t : sbh);
+  const blocks::ActivationShape shape{m, s, d(b), s_kv, tr.flash_attention};
+  const blocks::ModelBlocks model(m);
+  auto kept = [&](const blocks::Block& block) {
+    std::vector<blocks::ActivationTerm> terms;
+    block.activation_terms(shape, terms);
+    return blocks::sum_activation_terms(terms);
+  };
+  if (holds.embedding) {
+    const blocks::ActivationSums emb = kept(model.embedding());
+    out.embedding_bytes = d(pin.first_chunk_microbatches) *
+                          ((sp ? emb.sequence / t : emb.sequence) + (emb.tensor + emb.selective) / t);
+  }
   if (holds.loss) {
-    const double norm_and_head_inputs = 4.0 * sbh;
-    const double logits_fp32 = 4.0 * s * d(b) * d(m.vocab) / t;
-    out.output_bytes = (sp ? norm_and_head_inputs / t : norm_and_head_inputs) + logits_fp32;
+    const blocks::ActivationSums head = kept(model.head());
+    out.output_bytes = (sp ? head.sequence / t : head.sequence) + (head.tensor + head.selective) / t;
   }
   return out;
 }

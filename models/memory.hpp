@@ -116,6 +116,9 @@ double korthikanti_table2_layer_bytes(int64_t s, int64_t b, int64_t h, int64_t a
 ///     checkpoints the sequence-sharded input).
 /// Dropout masks are counted for every model (conservative for dropout-free models).
 /// FlashAttention's per-row softmax statistics (4 a s b / t bytes, fp32) are neglected.
+/// Each term is declared by the block that keeps it (models/blocks/: Block::activation_terms,
+/// "sequence" = kept whole, "tensor" = sharded); this returns their sum,
+/// blocks::Layer::activation_bytes.
 double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_kv, int64_t t,
                               bool sequence_parallel, Recompute r, bool flash_attention);
 

@@ -124,6 +124,13 @@ struct Op {
   double time_s = 0;      // filled by the compute cost model
   calib::TimeSource time_source = calib::TimeSource::roofline;  // where time_s came from
   int32_t kernels = 1;    // kernel launches this op stands for
+  /// GEMM ops (kernel == gemm): the (m x k) @ (k x n) shape and operand layout the block
+  /// declared (models/blocks/block_context.hpp BlockContext::gemm); the wave-fill model and
+  /// calibration (models/calibration/plan_kernels.hpp kernel_for_op) read it. Zero otherwise.
+  /// gemm.dtype is left bf16: kernel_for_op takes training.dtype for a linear-layer GEMM
+  /// (gemm_linear) and bf16 for the others (the unfused attention GEMMs).
+  calib::GemmShape gemm;
+  bool gemm_linear = false;
 
   // collective / issue / wait
   CommKind kind = CommKind::TP;

@@ -133,7 +133,8 @@ bool is_weight_gradient(const Op& op) {
 }  // namespace
 
 struct AnalyticEngine::StageDetail {
-  double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, p2p_s = 0, slowdown_s = 0;
+  double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, weight_s = 0, p2p_s = 0,
+         slowdown_s = 0;
   std::array<double, kCommKinds> total{}, exposed{};
 };
 
@@ -620,6 +621,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     sd.exposed[kDP] = dp_exposed + gather;
     sd.forward_s = F[static_cast<size_t>(s)];
     sd.backward_s = B[static_cast<size_t>(s)];
+    sd.weight_s = layers_rank * sh.layer_w + (last ? sh.head_w : 0.0) + (first ? sh.emb_w : 0.0);
     sd.p2p_s = t_p2p;
     for (int k = 0; k < kCommKinds; ++k) {
       est.comm_total_s[static_cast<size_t>(k)] += sd.total[static_cast<size_t>(k)] / d(p);
@@ -737,7 +739,7 @@ std::vector<AnalyticEngine::StagePass> AnalyticEngine::stage_passes(const Layout
   std::vector<StageDetail> detail;
   estimate_impl(l, micro_batch, &detail);
   std::vector<StagePass> out;
-  for (const auto& sd : detail) out.push_back({sd.forward_s, sd.backward_s});
+  for (const auto& sd : detail) out.push_back({sd.forward_s, sd.backward_s, sd.weight_s});
   if (p2p_s) *p2p_s = detail.empty() ? 0.0 : detail.front().p2p_s;
   return out;
 }

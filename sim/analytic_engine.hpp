@@ -98,8 +98,9 @@ class AnalyticEngine {
 
   /// Per pipeline rank, one micro-batch through all its layers (seconds), and the time of one
   /// pipeline message (for schedule timelines in reports).
+  /// backward_s includes weight_s, its weight-gradient part (the W a zero-bubble schedule defers).
   struct StagePass {
-    double forward_s = 0, backward_s = 0;
+    double forward_s = 0, backward_s = 0, weight_s = 0;
   };
   std::vector<StagePass> stage_passes(const Layout& layout, int64_t micro_batch, double* p2p_s = nullptr);
 

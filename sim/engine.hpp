@@ -1,6 +1,10 @@
 #pragma once
 // The engine interface. SimGrid stays behind this header: nothing outside sim/ includes
 // <simgrid/...>.
+#include <cstddef>
+#include <exception>
+#include <functional>
+
 #include "models/experiment.hpp"
 #include "models/result.hpp"
 #include "models/trace.hpp"
@@ -27,5 +31,16 @@ StepResult simulate_step(const Experiment& exp, const EngineOptions& opts = {});
 /// Same, but runs the simulation in a forked child process and returns its result,
 /// so that several simulations can run in one process (tests, sweeps).
 StepResult simulate_step_isolated(const Experiment& exp, const EngineOptions& opts = {});
+
+/// Several simulate_step_isolated at once without threads: experiment i (`experiment(i)`,
+/// called in this process in index order) is planned here and simulated in a child process
+/// of its own, at most `jobs` children at a time, all forked by the calling thread
+/// (sim/child_process.hpp run_in_children: why no thread may fork). `done(i, result, error)`
+/// runs here as each ends, in completion order; `error` holds what simulate_step_isolated
+/// would have thrown (or what `experiment(i)` threw), `result` is then empty. An exception
+/// from `done` kills the children still running and propagates.
+void simulate_steps_isolated(size_t count, int jobs, const std::function<Experiment(size_t)>& experiment,
+                             const std::function<void(size_t, StepResult&&, std::exception_ptr)>& done,
+                             const EngineOptions& opts = {});
 
 }  // namespace dtsim

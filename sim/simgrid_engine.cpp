@@ -756,4 +756,29 @@ StepResult simulate_step_isolated(const Experiment& exp, const EngineOptions& op
   return result_from_json_text(text);
 }
 
+void simulate_steps_isolated(size_t count, int jobs, const std::function<Experiment(size_t)>& experiment,
+                             const std::function<void(size_t, StepResult&&, std::exception_ptr)>& done,
+                             const EngineOptions& opts) {
+  run_in_children(
+      count, jobs,
+      [&](size_t i) -> std::function<std::string()> {
+        Experiment e = experiment(i);
+        (void)build_step_plan(e);  // input errors surface here, as in simulate_step_isolated
+        return [e = std::move(e), &opts] { return result_json_text(simulate_step(e, opts)); };
+      },
+      [&](size_t i, ChildResult&& r) {
+        StepResult res;
+        std::exception_ptr err = r.error;
+        if (!err) {
+          try {
+            res = result_from_json_text(r.text);
+          } catch (...) {
+            err = std::current_exception();
+          }
+        }
+        done(i, std::move(res), err);
+      },
+      "simulate_step_isolated");
+}
+
 }  // namespace dtsim

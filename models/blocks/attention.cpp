@@ -30,9 +30,11 @@ void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb) {
     c.wait(cp_handle, CommKind::CP, layer, mb, ph);
     const double hd = static_cast<double>(c.m.head_dim());
     const double batch_heads = c.b * heads_local;
-    c.gemm("attention_scores", ph, layer, mb, c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd);
+    c.gemm("attention_scores", ph, layer, mb, c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd, Transpose::b,
+           false);
     c.compute("softmax_dropout", ph, layer, mb, KernelKind::memory, 0, batch_heads * c.s * S * kUnfusedScoreBytes, 2);
-    c.gemm("attention_values", ph, layer, mb, c.fwd.attention_values / c.t, batch_heads * c.s, hd, S);
+    c.gemm("attention_values", ph, layer, mb, c.fwd.attention_values / c.t, batch_heads * c.s, hd, S,
+           Transpose::none, false);
   }
 }
 
@@ -65,10 +67,12 @@ void attention_core_backward(BlockContext& c, int layer, int mb) {
     c.wait(kv, CommKind::CP, layer, mb, ph);
     const double hd = static_cast<double>(c.m.head_dim());
     const double batch_heads = c.b * heads_local;
-    c.gemm("attention_values_bwd", ph, layer, mb, 2.0 * c.fwd.attention_values / c.t, batch_heads * c.s, hd, S);
+    c.gemm("attention_values_bwd", ph, layer, mb, 2.0 * c.fwd.attention_values / c.t, batch_heads * c.s, hd, S,
+           Transpose::a, false);
     c.compute("softmax_dropout_bwd", ph, layer, mb, KernelKind::memory, 0,
               batch_heads * c.s * S * kUnfusedScoreBytes * kElementwiseBwd, 2);
-    c.gemm("attention_scores_bwd", ph, layer, mb, 2.0 * c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd);
+    c.gemm("attention_scores_bwd", ph, layer, mb, 2.0 * c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd,
+           Transpose::none, false);
     if (c.l.cp > 1)
       c.collective("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter, GroupKind::CP,
                    kv_size);
@@ -78,11 +82,11 @@ void attention_core_backward(BlockContext& c, int layer, int mb) {
 void AttentionBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double tok = c.b * c.s;
   c.tp_enter(ph, layer, mb, "tp_allgather");
-  c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, (c.h + 2 * c.kvd) / c.t, c.h);
+  c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, (c.h + 2 * c.kvd) / c.t, c.h, Transpose::b);
   if (c.m.position == Position::rope)
     c.compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (c.h + c.kvd) / c.t);
   attention_core_forward(c, ph, layer, mb);
-  c.gemm("out_proj", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h, c.h / c.t);
+  c.gemm("out_proj", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h, c.h / c.t, Transpose::b);
   c.tp_exit(ph, layer, mb, c.sp_on ? "tp_reducescatter" : "tp_allreduce");
 }
 
@@ -93,9 +97,9 @@ void AttentionBlock::backward(BlockContext& c, int layer, int mb, BackwardPart p
   const bool wt = part != BackwardPart::input;   // emit the weight-gradient (W) ops
   if (in) {
     c.tp_gather_output_grad(layer, mb);  // TE "proj_dgrad"
-    c.gemm("out_proj_dgrad", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h / c.t, c.h);
+    c.gemm("out_proj_dgrad", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h / c.t, c.h, Transpose::none);
   }
-  if (wt) c.gemm("out_proj_wgrad", ph, layer, mb, c.fwd.out_proj / c.t, c.h / c.t, c.h, tok);
+  if (wt) c.gemm("out_proj_wgrad", ph, layer, mb, c.fwd.out_proj / c.t, c.h / c.t, c.h, tok, Transpose::a);
   if (in) {
     attention_core_backward(c, layer, mb);
     if (c.m.position == Position::rope)
@@ -103,8 +107,8 @@ void AttentionBlock::backward(BlockContext& c, int layer, int mb, BackwardPart p
   }
   const double qkv_n = (c.h + 2 * c.kvd) / c.t;
   c.column_parallel_backward(
-      layer, mb, part, [&] { c.gemm("qkv_dgrad", ph, layer, mb, c.fwd.qkv / c.t, tok, c.h, qkv_n); },
-      [&] { c.gemm("qkv_wgrad", ph, layer, mb, c.fwd.qkv / c.t, c.h, qkv_n, tok); });
+      layer, mb, part, [&] { c.gemm("qkv_dgrad", ph, layer, mb, c.fwd.qkv / c.t, tok, c.h, qkv_n, Transpose::none); },
+      [&] { c.gemm("qkv_wgrad", ph, layer, mb, c.fwd.qkv / c.t, c.h, qkv_n, tok, Transpose::a); });
 }
 
 BlockParams AttentionBlock::parameters(const ModelSpec& m) const {
@@ -117,6 +121,29 @@ BlockParams AttentionBlock::parameters(const ModelSpec& m) const {
     p.replicated_biases = h;
   }
   return p;
+}
+
+void AttentionBlock::forward_flops(const ModelSpec& m, double tokens, double s_kv, ForwardFlops& out) const {
+  const double h = static_cast<double>(m.hidden), qw = static_cast<double>(m.heads * m.head_dim()),
+               kvw = static_cast<double>(m.kv_heads * m.head_dim());
+  out.qkv += 2.0 * tokens * h * (qw + 2.0 * kvw);
+  out.attention_scores += 2.0 * tokens * s_kv * qw;
+  out.attention_values += 2.0 * tokens * s_kv * qw;
+  out.out_proj += 2.0 * tokens * qw * h;
+}
+
+void AttentionBlock::activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const {
+  using Split = ActivationTerm::Split;
+  const double sb = a.s * a.b;
+  const double h = static_cast<double>(a.m.hidden), qw = static_cast<double>(a.m.heads * a.m.head_dim()),
+               kvw = static_cast<double>(a.m.kv_heads * a.m.head_dim());
+  out.push_back({"qkv_input", 2.0 * sb * h, Split::sequence, false, true});
+  out.push_back({"q", 2.0 * sb * qw, Split::tensor});
+  out.push_back({"k", 2.0 * sb * kvw, Split::tensor});
+  out.push_back({"v", 2.0 * sb * kvw, Split::tensor});
+  out.push_back({"out_proj_input", 2.0 * sb * qw, Split::tensor});
+  if (!a.flash_attention)
+    out.push_back({"attention_scores", 5.0 * static_cast<double>(a.m.heads) * a.s * a.s_kv * a.b, Split::tensor, true});
 }
 
 void AttentionBlock::selective_recompute(BlockContext& c, int layer, int mb) const {

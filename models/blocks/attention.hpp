@@ -30,6 +30,18 @@ class AttentionBlock : public Block {
   /// QKV h x (q + 2 kv) and out_proj q x h weights (GQA-aware), sharded; with linear
   /// biases (flops.hpp rule) the QKV bias sharded and the out_proj bias (h) replicated.
   BlockParams parameters(const ModelSpec& m) const override;
+  /// qkv = 2 tokens h (q + 2 kv), attention_scores = attention_values = 2 tokens s_kv q,
+  /// out_proj = 2 tokens q h, with q = heads head_dim and kv = kv_heads head_dim (GQA).
+  /// Dense causal attention counted in full (Narayanan 2021 Eq. 3, Korthikanti 2022 Eq. 7).
+  void forward_flops(const ModelSpec& m, double tokens, double s_kv, ForwardFlops& out) const override;
+  /// Korthikanti 2022 Sec 4.1, generalised for GQA (q = heads head_dim, kv = kv_heads
+  /// head_dim): the QKV GEMMs' shared input 2sbh (outside the TP region); inside it Q 2sbq,
+  /// K 2sb kv, V 2sb kv (the QK^T and attention-over-V operands), the output projection's
+  /// input 2sbq; unless FlashAttention, the score term 5 a s s_kv b (softmax output 2,
+  /// dropout mask 1, dropout output 2 bytes per score), which selective recomputation
+  /// recomputes (Sec 5). FlashAttention's per-row softmax statistics (4 a s b, fp32) are
+  /// neglected.
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 };
 
 }  // namespace dtsim::blocks

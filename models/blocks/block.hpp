@@ -7,6 +7,8 @@
 //
 // To add a block type: one file in models/blocks/ defining a Block subclass, and the line
 // in layer.cpp's layer_spec that puts it into the layers that have it.
+#include <vector>
+
 #include "models/blocks/block_context.hpp"
 
 namespace dtsim::blocks {
@@ -20,6 +22,40 @@ struct BlockParams {
   double replicated_weights = 0;
   double sharded_biases = 0;
   double replicated_biases = 0;
+};
+
+/// One tensor a block keeps from its forward for its backward (Korthikanti 2022, arXiv
+/// 2205.05198, Sec 4.1 lists them per block), in bytes for one micro-batch, before any TP
+/// division. Summed over a layer's blocks by Layer::activation_bytes (memory.hpp
+/// layer_activation_bytes).
+struct ActivationTerm {
+  /// How the tensor is laid out over the TP ranks (Korthikanti 2022 Sec 4.2).
+  enum class Split {
+    /// Outside the TP regions (norm and dropout inputs, GEMM inputs before the
+    /// all-gather): whole on every TP rank, split over TP with sequence parallelism
+    /// (Korthikanti Sec 4.2.2).
+    sequence,
+    /// Inside a TP region (attention heads, MLP columns): split over TP.
+    tensor,
+  };
+  const char* name = "";
+  double bytes = 0;
+  Split split = Split::sequence;
+  /// Recomputed, not kept, under selective recomputation: the attention core (Korthikanti
+  /// Sec 5). Full recomputation keeps only the layer input (Layer::activation_bytes).
+  bool selective_recomputed = false;
+  /// The block's input tensor (the layer's input when the block is the layer's first).
+  bool input = false;
+};
+
+/// Sizes activation terms are counted at: b sequences of s local query tokens attending to
+/// s_kv keys (s = seq/cp and s_kv = seq with context parallelism), FlashAttention or not.
+struct ActivationShape {
+  const ModelSpec& m;
+  double s = 0;
+  double b = 0;
+  double s_kv = 0;
+  bool flash_attention = false;
 };
 
 class Block {
@@ -37,6 +73,12 @@ class Block {
   virtual void selective_recompute(BlockContext&, int, int) const {}
   /// The block's parameters (none by default).
   virtual BlockParams parameters(const ModelSpec&) const { return {}; }
+  /// Adds the block's forward FLOPs, whole layer (not divided by TP), to the ForwardFlops
+  /// terms it owns (flops.hpp conventions), for `tokens` = b s query tokens attending to
+  /// s_kv keys. Its ops cost the same terms, per TP rank (BlockContext::fwd). None by default.
+  virtual void forward_flops(const ModelSpec&, double /*tokens*/, double /*s_kv*/, ForwardFlops&) const {}
+  /// Appends the tensors the block keeps for its backward (none by default).
+  virtual void activation_terms(const ActivationShape&, std::vector<ActivationTerm>&) const {}
 };
 
 }  // namespace dtsim::blocks

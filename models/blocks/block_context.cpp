@@ -36,6 +36,10 @@ void BlockContext::compute(const char* name, Phase ph, int layer, int mb, Kernel
   op.flops = flops;
   op.bytes = bytes;
   op.kernels = kernels;
+  append_compute(op, attention_work);
+}
+
+void BlockContext::append_compute(Op op, double attention_work) {
   // Calibrated profile (cluster.gpu.profile) when it has the kernel, else the roofline.
   const ComputeTime ct = compute_time(op, e, attention_work);
   op.time_s = ct.seconds;
@@ -45,9 +49,25 @@ void BlockContext::compute(const char* name, Phase ph, int layer, int mb, Kernel
 }
 
 void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double flops, double rows, double cols,
-                        double inner) {
+                        double inner, Transpose transpose, bool linear) {
+  Op op;
+  op.type = OpType::compute;
+  op.name = name;
+  op.phase = ph;
+  op.pass = pass_of(ph);
+  op.layer = layer;
+  op.micro_batch = mb;
+  op.kernel = KernelKind::gemm;
+  op.flops = flops;
   // (m x k) @ (k x n): read both operands, write the result.
-  compute(name, ph, layer, mb, KernelKind::gemm, flops, kAct * (rows * inner + inner * cols + rows * cols));
+  op.bytes = kAct * (rows * inner + inner * cols + rows * cols);
+  op.gemm.m = static_cast<int64_t>(rows);
+  op.gemm.n = static_cast<int64_t>(cols);
+  op.gemm.k = static_cast<int64_t>(inner);
+  op.gemm_linear = linear;
+  op.gemm.trans_a = transpose == Transpose::a;
+  op.gemm.trans_b = transpose == Transpose::b;
+  append_compute(op, 1.0);
 }
 
 void BlockContext::collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c,

@@ -27,6 +27,11 @@ inline constexpr double kAct = 2.0;
 /// initialize_ub; ring_exchange uses num_splits = TP). Op::overlap_splits.
 inline constexpr int32_t kTeReduceScatterSplits = 4;
 
+/// Which operand of a GEMM is transposed, as cuBLAS sees it (calib::GemmShape): a linear
+/// layer's forward Y = X W^T is `b`, its input gradient dX = dY W `none`, its weight
+/// gradient dW^T = X^T dY `a`.
+enum class Transpose { none, a, b };
+
 class BlockContext {
  public:
   /// `sp` is the stage plan the ops are appended to; it must outlive the context.
@@ -37,8 +42,13 @@ class BlockContext {
   /// the roofline); `attention_work` multiplies attention FLOPs (compute_cost.hpp).
   void compute(const char* name, Phase ph, int layer, int mb, KernelKind k, double flops, double bytes,
                int kernels = 1, double attention_work = 1.0);
-  /// An (m x k) @ (k x n) GEMM: reads both operands and writes the result (bf16).
-  void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k);
+  /// An (m x k) @ (k x n) GEMM: reads both operands and writes the result (bf16). Its shape
+  /// travels on the op (Op::gemm, m n k truncated to whole elements; Op::gemm_linear =
+  /// `linear`): a linear layer's GEMM is timed in the training dtype, the others (the unfused
+  /// attention GEMMs, `linear` false) in bf16 (Transformer Engine's FP8 recipe keeps
+  /// dot-product attention in higher precision).
+  void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k,
+            Transpose transpose, bool linear = true);
   /// A blocking collective of `size` bytes (nccl-tests size); nothing when the group has one rank.
   void collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
                   double size);
@@ -122,6 +132,8 @@ class BlockContext {
   int cur_chunk = 0;            // model chunk being emitted (Op::chunk); set by the builder
 
  private:
+  /// Times `op` with the cost model, stamps its chunk and appends it.
+  void append_compute(Op op, double attention_work);
   bool weight_part_ = false;
 };
 

@@ -11,6 +11,10 @@ void EmbeddingBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const
                c.sp_on ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * tok * c.h);
 }
 
+void EmbeddingBlock::activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const {
+  out.push_back({"dropout_mask", a.s * a.b * static_cast<double>(a.m.hidden), ActivationTerm::Split::sequence});
+}
+
 void EmbeddingBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   if (part == BackwardPart::input) return;
   const BlockContext::WeightPart w(c, part == BackwardPart::weight);

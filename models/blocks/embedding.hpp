@@ -16,6 +16,9 @@ class EmbeddingBlock : public Block {
   /// layers' wgrad GEMMs and leaves the embedding in B; deferring it frees the first
   /// stage's B, which no other stage waits for anyway.)
   void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
+  /// The 1-byte dropout mask of the embedding output, sbh, outside the TP regions
+  /// (Korthikanti 2022 Sec 4.3: "sbhp/t" with SP over the p in-flight micro-batches).
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 };
 
 }  // namespace dtsim::blocks

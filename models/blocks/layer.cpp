@@ -1,6 +1,7 @@
 #include "models/blocks/layer.hpp"
 
 #include <utility>
+#include <vector>
 
 #include "models/blocks/attention.hpp"
 #include "models/blocks/embedding.hpp"
@@ -42,6 +43,16 @@ void Layer::selective_recompute(BlockContext& c, int layer, int mb) const {
 }
 
 double Layer::parameters_per_tp_rank(const ModelSpec& m, int64_t tp) const {
+  const BlockParams sum = parameters(m);
+  const double t = static_cast<double>(tp);
+  // In the order flops.cpp sums them, so that the two agree to the last bit.
+  double n = sum.sharded_weights / t + sum.replicated_weights;
+  n += sum.sharded_biases / t;
+  n += sum.replicated_biases;
+  return n;
+}
+
+BlockParams Layer::parameters(const ModelSpec& m) const {
   BlockParams sum;
   for (const auto& b : blocks_) {
     const BlockParams p = b->parameters(m);
@@ -50,12 +61,53 @@ double Layer::parameters_per_tp_rank(const ModelSpec& m, int64_t tp) const {
     sum.sharded_biases += p.sharded_biases;
     sum.replicated_biases += p.replicated_biases;
   }
+  return sum;
+}
+
+ForwardFlops Layer::forward_flops(const ModelSpec& m, double tokens, double s_kv) const {
+  ForwardFlops out;
+  for (const auto& b : blocks_) b->forward_flops(m, tokens, s_kv, out);
+  return out;
+}
+
+std::vector<ActivationTerm> Layer::activation_terms(const ActivationShape& a) const {
+  std::vector<ActivationTerm> out;
+  for (const auto& b : blocks_) b->activation_terms(a, out);
+  return out;
+}
+
+ActivationSums sum_activation_terms(const std::vector<ActivationTerm>& terms) {
+  ActivationSums sum;
+  for (const auto& term : terms) {
+    if (term.split == ActivationTerm::Split::sequence)
+      sum.sequence += term.bytes;
+    else if (term.selective_recomputed)
+      sum.selective += term.bytes;
+    else
+      sum.tensor += term.bytes;
+  }
+  return sum;
+}
+
+double Layer::activation_bytes(const ActivationShape& a, int64_t tp, bool sequence_parallel, Recompute r) const {
   const double t = static_cast<double>(tp);
-  // In the order flops.cpp sums them, so that the two agree to the last bit.
-  double n = sum.sharded_weights / t + sum.replicated_weights;
-  n += sum.sharded_biases / t;
-  n += sum.replicated_biases;
-  return n;
+  if (r == Recompute::full) {
+    // The layer's input: the input terms of its first block that has any.
+    for (const auto& b : blocks_) {
+      std::vector<ActivationTerm> terms;
+      b->activation_terms(a, terms);
+      std::erase_if(terms, [](const ActivationTerm& term) { return !term.input; });
+      if (terms.empty()) continue;
+      const ActivationSums in = sum_activation_terms(terms);
+      return (sequence_parallel ? in.sequence / t : in.sequence) + (in.tensor + in.selective) / t;
+    }
+    return 0.0;
+  }
+  const ActivationSums sum = sum_activation_terms(activation_terms(a));
+  const double selective = r == Recompute::selective ? 0.0 : sum.selective;
+  // Whole, then the TP-split terms, in the order memory.cpp has always added them.
+  return sequence_parallel ? (sum.sequence + sum.tensor + selective) / t
+                           : sum.sequence + (sum.tensor + selective) / t;
 }
 
 std::vector<BlockSpec> dense_layer_spec(const ModelSpec&) {

@@ -32,6 +32,8 @@ class Layer {
  public:
   explicit Layer(std::vector<BlockSpec> spec);
   const std::vector<BlockSpec>& spec() const { return spec_; }
+  /// The block of slot `i` (0 <= i < spec().size()).
+  const Block& block(size_t i) const { return *blocks_.at(i); }
   /// Forward (Phase::forward) or full recomputation (Phase::recompute) of layer `layer`.
   void forward(BlockContext& c, int layer, int mb, Phase ph) const;
   /// Backward, or its B or W part (BackwardPart); blocks in reverse order. Ops appended for
@@ -40,14 +42,39 @@ class Layer {
   /// Selective recomputation (Korthikanti 2022 Sec 5): what each block recomputes.
   void selective_recompute(BlockContext& c, int layer, int mb) const;
   /// Parameters (elements) of the layer held by one TP rank: the sum over its blocks,
-  /// sharded ones divided by `tp`. Equals flops.hpp layer_parameters_per_tp_rank (and,
-  /// with tp = 1, layer_parameters) exactly; tests/unit/test_blocks.cpp checks it.
+  /// sharded ones divided by `tp`. flops.hpp layer_parameters_per_tp_rank returns it (and
+  /// layer_parameters the tp = 1 sum); tests/unit/test_block_terms.cpp checks the plan.
   double parameters_per_tp_rank(const ModelSpec& m, int64_t tp) const;
+  /// The sum of the blocks' parameters (elements, before TP sharding), by sharding class.
+  BlockParams parameters(const ModelSpec& m) const;
+  /// Forward FLOPs of the layer, whole layer (not divided by TP): the sum of the FLOPs
+  /// each block declares (Block::forward_flops) for `tokens` = b s query tokens attending to
+  /// s_kv keys. flops.hpp layer_forward_flops returns it.
+  ForwardFlops forward_flops(const ModelSpec& m, double tokens, double s_kv) const;
+  /// The tensors the blocks keep for the backward, in block order (Block::activation_terms).
+  std::vector<ActivationTerm> activation_terms(const ActivationShape& a) const;
+  /// Activation bytes the layer keeps per TP rank (t = tp) for one micro-batch: the sum of
+  /// its blocks' terms, memory.hpp layer_activation_bytes (which documents the formula and
+  /// returns this). Without SP: sequence terms whole + tensor terms / t; with SP all / t.
+  /// Selective recomputation drops the selective_recomputed terms; full recomputation keeps
+  /// only the layer's input (the first block's input terms), which Megatron checkpoints
+  /// (sequence-sharded with SP).
+  double activation_bytes(const ActivationShape& a, int64_t tp, bool sequence_parallel, Recompute r) const;
 
  private:
   std::vector<BlockSpec> spec_;
   std::vector<std::unique_ptr<Block>> blocks_;
 };
+
+/// Sums of activation terms by split, bytes before TP division, added in term order.
+/// `selective` holds the selective_recomputed tensor-split terms (sequence-split ones, of
+/// which no block has any today, count in `sequence`).
+struct ActivationSums {
+  double sequence = 0;
+  double tensor = 0;
+  double selective = 0;
+};
+ActivationSums sum_activation_terms(const std::vector<ActivationTerm>& terms);
 
 /// Megatron-Core's dense layer: input_norm, attention, residual, post_attention_norm,
 /// mlp, residual. The attention and MLP blocks read their variant (GQA, flash, rope;

@@ -9,7 +9,7 @@ void LmHeadBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   norm(c, "final_norm", ph, layer, mb);
   c.tp_enter(ph, layer, mb, "tp_allgather", false);
   c.gemm("lm_head", ph, layer, mb, lm_head_forward_flops(c.m, c.e.training.micro_batch, c.shape.tokens_local) / c.t,
-         tok, c.V / c.t, c.h);
+         tok, c.V / c.t, c.h, Transpose::b);
   c.compute("cross_entropy", ph, layer, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * c.V / c.t,
             kCrossEntropyFwdKernels);
   // Vocab-parallel cross entropy (Megatron-LM tensor_parallel/cross_entropy.py): the
@@ -23,6 +23,14 @@ void LmHeadBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   }
 }
 
+void LmHeadBlock::activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const {
+  using Split = ActivationTerm::Split;
+  const double sbh = a.s * a.b * static_cast<double>(a.m.hidden);
+  out.push_back({"final_norm_input", 2.0 * sbh, Split::sequence, false, true});
+  out.push_back({"lm_head_input", 2.0 * sbh, Split::sequence});
+  out.push_back({"logits_fp32", 4.0 * a.s * a.b * static_cast<double>(a.m.vocab), Split::tensor});
+}
+
 void LmHeadBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   const Phase ph = Phase::backward;
   const double tok = c.b * c.s;
@@ -33,8 +41,8 @@ void LmHeadBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part
               kCrossEntropyBwdKernels);
   const double fl = lm_head_forward_flops(c.m, c.e.training.micro_batch, c.shape.tokens_local) / c.t;
   c.column_parallel_backward(
-      layer, mb, part, [&] { c.gemm("lm_head_dgrad", ph, layer, mb, fl, tok, c.h, c.V / c.t); },
-      [&] { c.gemm("lm_head_wgrad", ph, layer, mb, fl, c.h, c.V / c.t, tok); });
+      layer, mb, part, [&] { c.gemm("lm_head_dgrad", ph, layer, mb, fl, tok, c.h, c.V / c.t, Transpose::none); },
+      [&] { c.gemm("lm_head_wgrad", ph, layer, mb, fl, c.h, c.V / c.t, tok, Transpose::a); });
   if (in) norm(c, "final_norm_bwd", ph, layer, mb);
 }
 

@@ -26,6 +26,10 @@ class LmHeadBlock : public Block {
   /// B: cross-entropy backward, lm_head dgrad and its TP reduction, final norm backward.
   /// W: lm_head_wgrad (with SP, after re-gathering the final norm's output).
   void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
+  /// Korthikanti 2022 Sec 4.3 ("4sbh/t (1 + V/h)"): the final norm's input 2sbh and the
+  /// LM head's input 2sbh, outside the TP regions, and the fp32 logits kept for the
+  /// vocab-parallel cross entropy, 4sbV, split over TP.
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 };
 
 }  // namespace dtsim::blocks

@@ -16,6 +16,14 @@ class MlpBlock : public Block {
   /// Up (+ gate for SwiGLU) h x ffn and down ffn x h weights, sharded; with linear biases
   /// (flops.hpp rule) the up (+ gate) biases sharded and the down bias (h) replicated.
   BlockParams parameters(const ModelSpec& m) const override;
+  /// mlp_up = 2 tokens h ffn, mlp_gate = the same for SwiGLU (0 for GeLU), mlp_down =
+  /// 2 tokens ffn h.
+  void forward_flops(const ModelSpec& m, double tokens, double s_kv, ForwardFlops& out) const override;
+  /// Korthikanti 2022 Sec 4.1, generalised for ffn != 4h and SwiGLU: fc1's input 2sbh
+  /// (outside the TP region); inside it GeLU: fc1's output (the GeLU input) 2sbf and the
+  /// GeLU output (fc2's input) 2sbf (= 8sbh each for f = 4h); SwiGLU: fc1's output [up,
+  /// gate] 4sbf, which Megatron's fused SwiGLU saves, and the SwiGLU output (fc2's input) 2sbf.
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 };
 
 }  // namespace dtsim::blocks

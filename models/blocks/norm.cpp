@@ -28,6 +28,17 @@ BlockParams NormBlock::parameters(const ModelSpec& m) const {
   return p;
 }
 
+void NormBlock::activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const {
+  const double sb = a.s * a.b;
+  out.push_back({"norm_input", 2.0 * sb * static_cast<double>(a.m.hidden), ActivationTerm::Split::sequence, false,
+                 true});
+}
+
+void ResidualBlock::activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const {
+  const double sb = a.s * a.b;
+  out.push_back({"dropout_mask", sb * static_cast<double>(a.m.hidden), ActivationTerm::Split::sequence});
+}
+
 void ResidualBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   dropout_residual(c, "dropout_residual", ph, layer, mb);
 }

@@ -31,6 +31,9 @@ class NormBlock : public Block {
   void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
   /// norm_parameters (flops.hpp): 2h for layernorm, h for rmsnorm; replicated over TP.
   BlockParams parameters(const ModelSpec& m) const override;
+  /// Its input, 2sbh (Korthikanti 2022 Sec 4.1: "each layer norm stores its input with
+  /// size 2sbh"), outside the TP regions. The input norm's is the layer's input.
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 
  private:
   const char* name_;
@@ -42,6 +45,10 @@ class ResidualBlock : public Block {
  public:
   void forward(BlockContext& c, int layer, int mb, Phase ph) const override;
   void backward(BlockContext& c, int layer, int mb, BackwardPart part) const override;
+  /// The 1-byte dropout mask, sbh (Korthikanti 2022 Sec 4.1: "the dropout mask with size
+  /// sbh" after the attention and after the MLP), outside the TP regions. Counted for every
+  /// model (conservative for dropout-free models).
+  void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
 };
 
 }  // namespace dtsim::blocks

@@ -21,9 +21,7 @@ std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
   const int64_t S = exp.training.seq_len;
   const int64_t s = S / std::max<int64_t>(l.cp, 1);  // PlanShape.tokens_local
   const int64_t t = std::max<int64_t>(l.tp, 1);
-  const int64_t h = m.hidden, f = m.ffn_hidden, V = m.vocab, hd = m.head_dim();
-  const int64_t kvd = m.kv_heads * hd;
-  const int64_t tok = b * s;
+  const int64_t hd = m.head_dim();
   const std::string_view name = op.name;
   OpKernel r;
   KernelSpec& k = r.spec;
@@ -60,42 +58,12 @@ std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
     }
     case KernelKind::gemm: break;
   }
+  // GEMMs: the shape, operand layout and dtype the block declared on the op
+  // (models/blocks/block_context.hpp BlockContext::gemm); none: not a GEMM we can time.
+  if (op.gemm.m <= 0 || op.gemm.n <= 0 || op.gemm.k <= 0) return std::nullopt;
   k.kind = KernelClass::gemm;
-  auto& g = k.gemm;
-  g.dtype = exp.training.dtype;
-  // base name and pass
-  std::string_view base = name;
-  int pass = 0;  // 0 fwd, 1 dgrad, 2 wgrad
-  for (auto [suffix, p] : {std::pair<std::string_view, int>{"_dgrad", 1}, {"_wgrad", 2}})
-    if (base.size() > suffix.size() && base.substr(base.size() - suffix.size()) == suffix) {
-      base = base.substr(0, base.size() - suffix.size());
-      pass = p;
-    }
-  int64_t in = 0, out = 0;  // the linear layer's input and output widths on this rank
-  if (base == "qkv") in = h, out = (h + 2 * kvd) / t;
-  else if (base == "out_proj") in = h / t, out = h;
-  else if (base == "mlp_up" && pass == 0) in = h, out = f / t;
-  else if (base == "mlp_up") in = h, out = (m.activation == Activation::swiglu ? 2 : 1) * f / t;  // up+gate fused
-  else if (base == "mlp_gate") in = h, out = f / t;
-  else if (base == "mlp_down") in = f / t, out = h;
-  else if (base == "lm_head") in = h, out = V / t;
-  else {
-    // Unfused attention: batched GEMMs over b x heads/TP, timed as one GEMM of the
-    // plan's (m, n, k); attention stays bf16 (models/compute_cost.cpp).
-    const int64_t bh = b * at_least_1(m.heads / t);
-    g.dtype = Dtype::bf16;
-    if (name == "attention_scores") g.m = bh * s, g.n = S, g.k = hd, g.trans_b = true;
-    else if (name == "attention_values") g.m = bh * s, g.n = hd, g.k = S;
-    else if (name == "attention_scores_bwd") g.m = bh * s, g.n = S, g.k = hd;
-    else if (name == "attention_values_bwd") g.m = bh * s, g.n = hd, g.k = S, g.trans_a = true;
-    else return std::nullopt;
-    return r;
-  }
-  switch (pass) {
-    case 0: g.m = tok, g.n = out, g.k = in, g.trans_b = true; break;   // Y = X W^T
-    case 1: g.m = tok, g.n = in, g.k = out; break;                     // dX = dY W
-    case 2: g.m = in, g.n = out, g.k = tok, g.trans_a = true; break;   // dW^T = X^T dY
-  }
+  k.gemm = op.gemm;
+  k.gemm.dtype = op.gemm_linear ? exp.training.dtype : Dtype::bf16;
   return r;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
-// The kernels of a training step: the shape of every compute op of build_step_plan,
-// derived from the model and layout exactly as models/plan.cpp sizes them (the plan's Op
-// carries FLOPs and bytes, not GEMM M/N/K; this is the one place that rebuilds them).
+// The kernels of a training step: the shape of every compute op of build_step_plan. GEMMs
+// carry the shape their block declared (Op::gemm, models/blocks/block_context.hpp
+// BlockContext::gemm); attention kernels are sized here from the model and layout as the
+// attention block (models/blocks/attention.cpp) sizes its ops.
 #include <optional>
 #include <vector>
 
@@ -19,12 +20,11 @@ struct OpKernel {
   double count = 1;
 };
 
-/// Kernel of one compute op of `exp`'s plan (op.type == compute). GEMMs (qkv, out_proj,
-/// mlp_up/gate/down, lm_head and their _dgrad/_wgrad; unfused attention_scores/values):
-/// M, N, K at the layout's TP size and the training dtype (bf16 for the unfused attention
-/// GEMMs); attention: micro_batch x heads/TP x kv_heads/TP (at least 1) x seq/CP; memory
-/// ops: name and op.bytes; optimizer: op.bytes / 30 parameters. nullopt for a GEMM name
-/// it does not know.
+/// Kernel of one compute op of `exp`'s plan (op.type == compute). GEMMs: Op::gemm, the
+/// M, N, K, operand layout and dtype the block declared (the training dtype; bf16 for the
+/// unfused attention GEMMs); attention: micro_batch x heads/TP x kv_heads/TP (at least 1) x
+/// seq/CP; memory ops: name and op.bytes; optimizer: op.bytes / 30 parameters. nullopt for
+/// a GEMM op without a declared shape.
 std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp);
 
 /// Every distinct kernel of the plan of `exp` (walks build_step_plan's compute ops), in

@@ -96,7 +96,7 @@ OrderStats order_stats(const std::vector<Step>& order) {
 }
 
 OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vector<std::vector<Step>>& order,
-                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s) {
+                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s, bool keep_starts) {
   const int64_t P = d.pp, C = s.chunks(d), M = d.micro_batches;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   auto idx = [&](int64_t r, int64_t c, int64_t mb) { return static_cast<size_t>((r * C + c) * M + mb); };
@@ -105,6 +105,8 @@ OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vect
   out.finish.assign(static_cast<size_t>(P), 0.0);
   out.busy.assign(static_cast<size_t>(P), 0.0);
   std::vector<size_t> pos(static_cast<size_t>(P), 0);
+  if (keep_starts)
+    for (const auto& o : order) out.starts.emplace_back(o.size(), 0.0);
   size_t remaining = 0;
   for (const auto& o : order) remaining += o.size();
   while (remaining > 0) {
@@ -137,6 +139,7 @@ OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vect
           ready = std::max(ready, own);
           cost = cc.w;
         }
+        if (keep_starts) out.starts[static_cast<size_t>(r)][k] = ready;
         t = ready + cost;
         out.busy[static_cast<size_t>(r)] += cost;
         if (st.pass == Pass::F) f_done[idx(r, st.chunk, st.mb)] = t;

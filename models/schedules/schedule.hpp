@@ -148,8 +148,10 @@ struct OrderTiming {
   std::vector<double> finish;  // per rank, seconds from the step start
   std::vector<double> busy;    // per rank, seconds of work
   double makespan = 0;
+  /// With keep_starts: the start of each step, [rank][k] as in the order (end = start + cost).
+  std::vector<std::vector<double>> starts;
 };
 OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vector<std::vector<Step>>& order,
-                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s);
+                       const std::vector<std::vector<ChunkCosts>>& costs, double p2p_s, bool keep_starts = false);
 
 }  // namespace dtsim::sched

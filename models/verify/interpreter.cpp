@@ -201,7 +201,7 @@ void Interpreter::Impl::build_params(RankState& R) {
     if (M.layernorm) add_param(R, LK::final_b, -1, 1, h, false, full(PKind::final_b, -1));
     // Untied: the LM head; tied with pp > 1: Megatron's copy of the word embedding on
     // the last stage (same global parameter); tied with pp == 1: the embedding itself.
-    if (!M.tied || pp > 1) {
+    if (!M.tied || (pp > 1 && !first)) {
       const PSeg w = M.seg(M.tied ? PKind::embed_word : PKind::head_w);
       add_param(R, LK::head_w, -1, Vt, h, true, [=, this](int64_t i, int64_t j) { return w.offset + (r * Vt + i) * h + j; });
     }
@@ -563,13 +563,13 @@ void Interpreter::Impl::note_write(Lane& L, int pi, LK k, int layer) {
                         L.stage, t_exec.idx, plan.stages[sz(L.stage)].ops[t_exec.idx].name, lk_name(k), layer));
 }
 
-std::vector<LK> Interpreter::Impl::static_writes(Fn fn, int ordinal) const {
+std::vector<LK> Interpreter::Impl::static_writes(Fn fn, int ordinal, int stage) const {
   std::vector<LK> w;
   auto add = [&](LK k, bool present = true) {
     if (present) w.push_back(k);
   };
   switch (fn) {
-    case Fn::lm_head_wgrad: add(head_kind()); break;
+    case Fn::lm_head_wgrad: add(head_kind(stage)); break;
     case Fn::final_norm_bwd: add(LK::final_w); add(LK::final_b, M.layernorm); break;
     case Fn::dropout_residual_bwd: add(ordinal == 0 ? LK::down_b : LK::out_b, M.bias); break;
     case Fn::mlp_down_wgrad: add(LK::down_w); break;
@@ -610,7 +610,7 @@ void Interpreter::Impl::build_write_table() {
         if (p >= 0) ps.push_back(p);
       } else {
         const int ord = fn == Fn::dropout_residual_bwd ? ordinal[{op.layer, op.micro_batch}]++ : 0;
-        for (LK k : static_writes(fn, ord)) {
+        for (LK k : static_writes(fn, ord, static_cast<int>(st))) {
           const int p = pindex(R, k, op.layer);
           if (p >= 0) ps.push_back(p);
         }

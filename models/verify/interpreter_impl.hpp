@@ -538,7 +538,12 @@ struct Interpreter::Impl {
     const size_t ix = sz((layer + 1) * kLKs + static_cast<int>(k));
     return ix < R.index.size() ? R.index[ix] : -1;
   }
-  LK head_kind() const { return (!M.tied || pp > 1) ? LK::head_w : LK::word; }
+  /// The LM head's weight on `stage`: its own (untied), Megatron's copy of the word embedding
+  /// (tied, on a stage without the embedding), or the embedding itself (tied, on a stage that
+  /// holds both: pp == 1, or the first and last rank under DualPipe / DualPipeV).
+  LK head_kind(int stage) const {
+    return (!M.tied || (pp > 1 && !stage_has(stage, {Fn::embedding}))) ? LK::head_w : LK::word;
+  }
 
   int lane_pindex(const Lane& L, LK k, int layer) const {
     const size_t ix = sz((layer + 1) * kLKs + static_cast<int>(k));
@@ -570,7 +575,7 @@ struct Interpreter::Impl {
   /// The parameter gradients an op writes, by its identity. A layer's two
   /// dropout_residual_bwd ops are the MLP branch (first) and the attention branch (second),
   /// the reverse of the forward order.
-  std::vector<LK> static_writes(Fn fn, int ordinal) const;
+  std::vector<LK> static_writes(Fn fn, int ordinal, int stage) const;
 
   void build_write_table();
 

@@ -524,9 +524,15 @@ void Interpreter::Impl::mirror_grad(int st, const Op& op) {
       carried += after_dp ? std::count(a.has_synced.begin(), a.has_synced.end(), 1) : a.size();
     }
     if (n == 0) die(op, fmt::format("stages {} and {} hold no parameter in common", lo, hi));
+    // After a DP ReduceScatter a rank adds only the shard it owns; the plan sizes that shard
+    // as the mean over the DP x CP group (its elements / N, the distributed optimizer's
+    // padded even shard), of which this rank's own (`carried`) may differ by the rounding.
+    (void)carried;
+    const bool sharded = after_dp && grad_sync_policy(plan.exp).sharded_optimizer;
+    const double group = static_cast<double>(plan.exp.layout.dp * plan.exp.layout.cp);
     if (!sized)
-      check_size(op, static_cast<double>(carried) * grad_bytes,
-                 after_dp ? "the owned shard of the gradients both stages hold" : "the gradients both stages hold");
+      check_size(op, static_cast<double>(n) / (sharded ? group : 1.0) * grad_bytes,
+                 sharded ? "the mean owned shard of the gradients both stages hold" : "the gradients both stages hold");
     sized = true;
     if (mixed && mixed_pairs++ == 0) {
       first_a = A.rank;

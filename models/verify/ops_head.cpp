@@ -75,7 +75,7 @@ void Interpreter::Impl::head_op(Lane& L, Fn fn, const Op& op) {
   switch (fn) {
     case Fn::lm_head: {
       const Reg& c = expect(L, op, {Tag::normf}, "the final_norm output", true);
-      put(L, -1, mb, Slot::logits, linear_nt(L, c.m, head_kind(), -1, op));
+      put(L, -1, mb, Slot::logits, linear_nt(L, c.m, head_kind(L.stage), -1, op));
       set_chain(L, op, Mat(1, 1), Tag::logits, false, false);
       break;
     }
@@ -121,11 +121,11 @@ void Interpreter::Impl::head_op(Lane& L, Fn fn, const Op& op) {
     }
     case Fn::lm_head_dgrad: {
       const Reg& c = expect(L, op, {Tag::dlogits}, "the logits gradient", true);
-      set_chain(L, op, linear(L, c.m, head_kind(), -1, op), Tag::dnormf, true, false);
+      set_chain(L, op, linear(L, c.m, head_kind(L.stage), -1, op), Tag::dnormf, true, false);
       break;
     }
     case Fn::lm_head_wgrad:
-      wgrad(L, head_kind(), -1, need(L, -1, mb, Slot::dlogits, op, "the logits gradient"),
+      wgrad(L, head_kind(L.stage), -1, need(L, -1, mb, Slot::dlogits, op, "the logits gradient"),
             col_input(L, op, Slot::nf, Slot::ref, -1), op);
       break;
     default:

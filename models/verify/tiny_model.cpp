@@ -105,7 +105,11 @@ Experiment shrink_experiment(const Experiment& e) {
   m.max_position_embeddings = m.position == Position::learned ? s.training.seq_len : 0;
   s.training.micro_batch = std::min<int64_t>(e.training.micro_batch, 2);
   // Interleaving needs the micro-batches to be a multiple of pp (Megatron-LM): use pp.
-  const int64_t accum = l.schedule == Schedule::interleaved ? l.pp : std::min<int64_t>(e.training.accumulation(l), 4);
+  // DualPipe / DualPipeV need at least 2 pp (an even number for DualPipe): use 2 pp.
+  const bool dual = l.schedule == Schedule::dualpipe || l.schedule == Schedule::dualpipev;
+  const int64_t accum = l.schedule == Schedule::interleaved ? l.pp
+                        : dual                              ? 2 * l.pp
+                                                            : std::min<int64_t>(e.training.accumulation(l), 4);
   s.training.global_batch = s.training.micro_batch * l.dp * accum;
   validate_experiment(s);
   return s;

@@ -44,7 +44,18 @@ std::vector<std::string> plan_gaps(const StepPlan& plan) {
         "after the DP gradient sync (as Megatron) and before optimizer_adam, one op "
         "{type collective, name \"tp_sp_grad_allreduce\", kind TP, AllReduce, reduce SUM, group TP, phase optimizer, "
         "layer -1, size_bytes = those elements on the stage x grad_bytes_per_param}");
-  if (plan.exp.model.tied_embeddings && l.pp > 1 && !plan_has_op(plan, "embedding_grad_allreduce"))
+  // A copy of the tied word embedding exists where a stage runs the LM head without the
+  // embedding (not when one rank holds both, as under DualPipe / DualPipeV).
+  bool head_copy = false;
+  for (const auto& st : plan.stages) {
+    bool head = false, emb = false;
+    for (const auto& op : st.ops) {
+      head = head || std::string(op.name) == "lm_head";
+      emb = emb || std::string(op.name) == "embedding";
+    }
+    head_copy = head_copy || (head && !emb);
+  }
+  if (plan.exp.model.tied_embeddings && head_copy && !plan_has_op(plan, "embedding_grad_allreduce"))
     out.push_back(
         "plan gap (tied embeddings, pp > 1): the first stage's word embedding and the last stage's copy used by the "
         "LM head each get only their own gradient, and no op sums them (Megatron: _allreduce_embedding_grads over "

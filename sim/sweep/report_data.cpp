@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "models/plan.hpp"
+#include "models/schedules/schedule.hpp"
 
 namespace dtsim::sweep {
 
@@ -41,91 +42,51 @@ TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t 
   double p2p = 0;
   const auto passes = engine.stage_passes(l, mb, &p2p);
   const int64_t p = static_cast<int64_t>(passes.size());
-  // The order is the one the engines simulate: each rank's compute ops in the step plan
-  // (models/plan.cpp schedule(): GPipe, 1F1B or Megatron's interleaved 1F1B), one entry per
-  // run of ops of one (direction, model chunk, micro-batch). Durations are analytic: a
-  // chunk is 1/v of the rank's pass.
-  const StepPlan plan = build_step_plan(engine.experiment(l, mb));
-  const int64_t m_all = plan.shape.micro_batches;
+  // The order is the one the engines simulate: the registered schedule's order of each rank
+  // (models/schedules/), timed by its own list scheduling (sched::time_order) with analytic
+  // durations: a chunk's F is the rank's forward / chunks, its W the rank's weight-gradient
+  // part / chunks, its B the rest of the backward.
+  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+  const int64_t m_all = engine.experiment(l, mb).training.accumulation(l);
+  const sched::Dims dims = sched::dims_of(l, m_all);
   const int64_t m = std::max<int64_t>(1, std::min(m_all, max_mb));
-  const int64_t v = l.schedule == Schedule::interleaved ? std::max<int64_t>(1, l.vp) : 1;
-  const std::string order = l.schedule == Schedule::gpipe       ? std::string("GPipe")
-                            : l.schedule == Schedule::interleaved ? fmt::format("interleaved 1F1B ({} chunks per rank)", v)
-                                                                  : std::string("1F1B");
+  const int64_t chunks = sch.chunks(dims);
+  const std::string order = l.schedule == Schedule::gpipe        ? std::string("GPipe")
+                            : l.schedule == Schedule::interleaved ? fmt::format("interleaved 1F1B ({} chunks per rank)", chunks)
+                            : l.schedule == Schedule::one_f_one_b ? std::string("1F1B")
+                                                                  : std::string(sch.name());
   t.title = fmt::format("Pipeline schedule excerpt: first {} of {} micro-batches, {} order as simulated (analytic "
                         "durations)", m, m_all, order);
   t.x_label = "seconds from step start";
   for (int64_t s = 0; s < p; ++s) t.lanes.push_back(fmt::format("stage {}", s));
-  struct OpRef {
-    bool fwd;
-    int64_t chunk, mb;
-  };
-  std::vector<std::vector<OpRef>> seq(static_cast<size_t>(p));
-  for (const StagePlan& sp : plan.stages) {
-    if (sp.stage < 0 || sp.stage >= p) continue;
-    auto& q = seq[static_cast<size_t>(sp.stage)];
-    for (const Op& op : sp.ops) {
-      if (op.type != OpType::compute || op.micro_batch < 0 || op.phase == Phase::optimizer) continue;
-      const OpRef r{op.phase == Phase::forward, std::clamp<int64_t>(op.chunk, 0, v - 1), op.micro_batch};
-      if (r.mb >= m_all) continue;
-      if (!q.empty() && q.back().fwd == r.fwd && q.back().chunk == r.chunk && q.back().mb == r.mb) continue;
-      q.push_back(r);
-    }
+  // DualPipe runs each chunk for half the micro-batches: a chunk's share of the rank's pass
+  // of one micro-batch is then the whole pass over both chunks, halved per chunk as well.
+  const double share = static_cast<double>(chunks) / (sch.params_twice() ? 2.0 : 1.0);
+  std::vector<std::vector<sched::ChunkCosts>> costs(static_cast<size_t>(p));
+  for (int64_t s = 0; s < p; ++s) {
+    const auto& ps = passes[static_cast<size_t>(s)];
+    const sched::ChunkCosts c{ps.forward_s / share, (ps.backward_s - ps.weight_s) / share, ps.weight_s / share};
+    costs[static_cast<size_t>(s)].assign(static_cast<size_t>(chunks), c);
   }
-  // List-schedule every rank's order until every op is placed. Virtual stage c p + s runs
-  // chunk c on rank s; a forward needs the previous virtual stage's forward, a backward the
-  // next one's backward (the last one: its own forward); a message between ranks takes p2p.
-  const int64_t nv = p * v;
-  std::vector<std::vector<double>> fend(static_cast<size_t>(nv), std::vector<double>(static_cast<size_t>(m_all), -1)),
-      bend = fend;
-  std::vector<size_t> next(static_cast<size_t>(p), 0);
-  std::vector<double> free(static_cast<size_t>(p), 0.0);
-  auto at = [](std::vector<std::vector<double>>& a, int64_t vs, int64_t i) -> double& {
-    return a[static_cast<size_t>(vs)][static_cast<size_t>(i)];
-  };
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int64_t s = 0; s < p; ++s) {
-      auto& q = seq[static_cast<size_t>(s)];
-      size_t& i = next[static_cast<size_t>(s)];
-      while (i < q.size()) {
-        const OpRef op = q[i];
-        const int64_t vs = op.chunk * p + s;
-        double ready = 0;
-        if (op.fwd) {
-          if (vs > 0) {
-            if (at(fend, vs - 1, op.mb) < 0) break;
-            ready = at(fend, vs - 1, op.mb) + p2p;
-          }
-        } else if (vs == nv - 1) {
-          if (at(fend, vs, op.mb) < 0) break;
-          ready = at(fend, vs, op.mb);
-        } else {
-          if (at(bend, vs + 1, op.mb) < 0) break;
-          ready = at(bend, vs + 1, op.mb) + p2p;
-        }
-        const double start = std::max(ready, free[static_cast<size_t>(s)]);
-        const double dur =
-            (op.fwd ? passes[static_cast<size_t>(s)].forward_s : passes[static_cast<size_t>(s)].backward_s) /
-            static_cast<double>(v);
-        at(op.fwd ? fend : bend, vs, op.mb) = start + dur;
-        free[static_cast<size_t>(s)] = start + dur;
-        if (op.mb < m) {
-          TimelineChart::Event e;
-          e.lane = static_cast<int>(s);
-          e.start = start;
-          e.duration = dur;
-          e.kind = op.fwd ? "forward" : "backward";
-          e.label = v > 1 ? fmt::format("stage {} {} chunk {} micro-batch {}: {}", s, e.kind, op.chunk, op.mb, secs(dur))
-                          : fmt::format("stage {} {} micro-batch {}: {}", s, e.kind, op.mb, secs(dur));
-          t.events.push_back(std::move(e));
-        }
-        ++i;
-        progress = true;
-      }
+  const auto steps = sch.order(dims);
+  const sched::OrderTiming timing = sched::time_order(sch, dims, steps, costs, p2p, /*keep_starts=*/true);
+  for (int64_t s = 0; s < p; ++s)
+    for (size_t k = 0; k < steps[static_cast<size_t>(s)].size(); ++k) {
+      const sched::Step& st = steps[static_cast<size_t>(s)][k];
+      if (st.mb >= m && !(sch.params_twice() && st.mb >= m_all / 2 && st.mb < m_all / 2 + m)) continue;
+      const sched::ChunkCosts& c = costs[static_cast<size_t>(s)][static_cast<size_t>(st.chunk)];
+      TimelineChart::Event e;
+      e.lane = static_cast<int>(s);
+      e.start = timing.starts[static_cast<size_t>(s)][k];
+      e.duration = st.pass == sched::Pass::F ? c.f : st.pass == sched::Pass::B ? c.b : st.pass == sched::Pass::W ? c.w : c.b + c.w;
+      e.kind = st.pass == sched::Pass::F ? "forward" : st.pass == sched::Pass::W ? "weight" : "backward";
+      const std::string what = st.pass == sched::Pass::B   ? "backward (input)"
+                               : st.pass == sched::Pass::W ? "backward (weights)"
+                                                           : e.kind;
+      e.label = chunks > 1 ? fmt::format("stage {} {} chunk {} micro-batch {}: {}", s, what, st.chunk, st.mb, secs(e.duration))
+                           : fmt::format("stage {} {} micro-batch {}: {}", s, what, st.mb, secs(e.duration));
+      t.events.push_back(std::move(e));
     }
-  }
   return t;
 }
 

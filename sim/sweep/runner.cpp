@@ -3,16 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <iostream>
 #include <ostream>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -213,37 +210,28 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   bar.start("layouts (simgrid)", refine_total);
   int64_t des_done = refine_total - static_cast<int64_t>(todo.size());
   bar.update(des_done);
-  std::mutex mu;
-  std::atomic<size_t> next{0};
-  std::string first_error;
-  auto worker = [&] {
-    for (;;) {
-      const size_t i = next.fetch_add(1);
-      if (i >= todo.size()) return;
-      const LayoutPoint& p = *todo[i];
-      SweepRow row;
-      try {
-        const StepResult r = simulate_step_isolated(ev.experiment(p));
-        row = ev.from_result(p, r, analytic.at(p.id));
-      } catch (const std::exception& e) {
-        row = analytic.at(p.id);
-        row.engine = "simgrid";
-        row.status = "error";
-        row.reason = std::string("SimGrid engine failed: ") + e.what();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      journal.add(row);
-      ++written;
-      flush();
-      simgrid[p.id] = std::move(row);
-      bar.update(++des_done);
-    }
-  };
-  const int jobs = std::max(1, std::min<int>(opts.jobs, static_cast<int>(todo.size())));
-  std::vector<std::thread> threads;
-  for (int j = 1; j < jobs; ++j) threads.emplace_back(worker);
-  worker();
-  for (auto& t : threads) t.join();
+  // `jobs` SimGrid children at a time, all forked by this thread (no worker threads:
+  // sim/child_process.hpp says why a process that forks must have only one).
+  simulate_steps_isolated(
+      todo.size(), opts.jobs, [&](size_t i) { return ev.experiment(*todo[i]); },
+      [&](size_t i, StepResult&& r, std::exception_ptr error) {
+        const LayoutPoint& p = *todo[i];
+        SweepRow row;
+        try {
+          if (error) std::rethrow_exception(error);
+          row = ev.from_result(p, r, analytic.at(p.id));
+        } catch (const std::exception& e) {
+          row = analytic.at(p.id);
+          row.engine = "simgrid";
+          row.status = "error";
+          row.reason = std::string("SimGrid engine failed: ") + e.what();
+        }
+        journal.add(row);
+        ++written;
+        flush();
+        simgrid[p.id] = std::move(row);
+        bar.update(++des_done);
+      });
   bar.finish();
 
   for (auto& [id, r] : analytic) out.analytic.push_back(std::move(r));

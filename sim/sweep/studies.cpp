@@ -3,12 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <iostream>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -42,30 +39,23 @@ struct DesJob {
   std::string error;
 };
 
-/// Runs SimGrid on every job, `jobs` child processes at a time.
+/// Runs SimGrid on every job, `jobs` child processes at a time, all forked by this thread
+/// (simulate_steps_isolated; no worker threads, sim/child_process.hpp).
 void run_des(std::vector<DesJob>& work, int jobs, bool progress, const std::string& label) {
   Progress bar(std::cerr, progress, ::isatty(STDERR_FILENO) != 0);
   bar.start(label, static_cast<int64_t>(work.size()));
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::mutex mu;
-  auto worker = [&] {
-    for (;;) {
-      const size_t i = next.fetch_add(1);
-      if (i >= work.size()) return;
-      try {
-        work[i].result = simulate_step_isolated(work[i].exp);
-      } catch (const std::exception& e) {
-        work[i].error = e.what();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      bar.update(++done);
-    }
-  };
-  std::vector<std::thread> ts;
-  for (int j = 1; j < std::min<int>(jobs, static_cast<int>(work.size())); ++j) ts.emplace_back(worker);
-  worker();
-  for (auto& t : ts) t.join();
+  int64_t done = 0;
+  simulate_steps_isolated(
+      work.size(), jobs, [&](size_t i) { return work[i].exp; },
+      [&](size_t i, StepResult&& r, std::exception_ptr error) {
+        try {
+          if (error) std::rethrow_exception(error);
+          work[i].result = std::move(r);
+        } catch (const std::exception& e) {
+          work[i].error = e.what();
+        }
+        bar.update(++done);
+      });
   bar.finish();
 }
 
