@@ -70,11 +70,10 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
   append_compute(op, 1.0);
 }
 
-void BlockContext::collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c,
-                              GroupKind g, double size) {
-  if (group_size(g) <= 1) return;
+Op BlockContext::collective_op(OpType type, const char* name, Phase ph, int layer, int mb, CommKind kind,
+                               Collective c, GroupKind g, double size) const {
   Op op;
-  op.type = OpType::collective;
+  op.type = type;
   op.name = name;
   op.phase = ph;
   op.pass = pass_of(ph);
@@ -86,26 +85,20 @@ void BlockContext::collective(const char* name, Phase ph, int layer, int mb, Com
   op.group = g;
   op.size_bytes = size;
   op.chunk = cur_chunk;
-  sp.ops.push_back(op);
+  return op;
+}
+
+void BlockContext::collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c,
+                              GroupKind g, double size) {
+  if (group_size(g) <= 1) return;
+  sp.ops.push_back(collective_op(OpType::collective, name, ph, layer, mb, kind, c, g, size));
 }
 
 int BlockContext::issue(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
                         double size) {
   if (group_size(g) <= 1) return -1;
-  Op op;
-  op.type = OpType::issue;
-  op.name = name;
-  op.phase = ph;
-  op.pass = pass_of(ph);
-  op.layer = layer;
-  op.micro_batch = mb;
-  op.kind = kind;
-  op.collective = c;
-  op.reduce = reduce_op_for(kind, c);
-  op.group = g;
-  op.size_bytes = size;
+  Op op = collective_op(OpType::issue, name, ph, layer, mb, kind, c, g, size);
   op.handle = sp.handles++;
-  op.chunk = cur_chunk;
   sp.ops.push_back(op);
   return op.handle;
 }

@@ -134,6 +134,9 @@ class BlockContext {
  private:
   /// Times `op` with the cost model, stamps its chunk and appends it.
   void append_compute(Op op, double attention_work);
+  /// A collective or issue op of `type` with the fields both carry (its chunk: cur_chunk).
+  Op collective_op(OpType type, const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c,
+                   GroupKind g, double size) const;
   bool weight_part_ = false;
 };
 

@@ -4,6 +4,8 @@
 // every pass's ops are in the plan exactly once, and the constraints are input errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -164,29 +166,11 @@ TEST(SchedulePlans, VerifyPassesThroughEverySplitScheduleAndCatchesMisplacedW) {
 // enumerated and evaluated, and a point a schedule's constraints refuse is invalid with the
 // reason.
 TEST(SchedulePlans, SweepSpaceTakesTheScheduleAsADimension) {
-  const std::string spec = R"(title: schedules
-model:
-  name: GPT 2.7B
-  layers: 32
-  hidden: 2560
-  heads: 32
-  kv_heads: 32
-  ffn_hidden: 10240
-  activation: gelu
-  vocab: 51200
-  tied_embeddings: true
-  norm: layernorm
-  position: learned
-  max_position_embeddings: 2048
-training:
-  seq_len: 2048
-  global_batch: 64
-  dtype: bf16
-clusters:
-  - name: 4 x DGX A100
-    node: dgx-a100
-    nodes: 4
-space:
+  // The shipped small sweep's model, training and cluster (experiments/sweeps/), this space.
+  std::ifstream in(std::string(DTSIM_SOURCE_DIR) + "/experiments/sweeps/gpt-2.7b-32-a100.yaml");
+  std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(spec.find("\nvary:"), std::string::npos);
+  spec = spec.substr(0, spec.find("\nvary:") + 1) + R"(space:
   tp: [8]
   pp: [2, 4]
   micro_batch: [1]
