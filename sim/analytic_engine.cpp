@@ -339,6 +339,22 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   const int64_t p = l.pp;
   const int64_t v = l.schedule == Schedule::interleaved ? std::max<int64_t>(1, l.vp) : 1;
   const int64_t m = tr.global_batch / (mb * l.dp);
+  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+  // Pipeline receives of one micro-batch on rank s, forward and backward: one per chunk
+  // whose previous / next virtual stage sits on another rank (the schedule's placement; a
+  // V turn is local). Interleaving: v - 1 on the first rank, v elsewhere, as Megatron.
+  auto remote_recvs = [&](int64_t s) {
+    const sched::Dims dd = sched::dims_of(l, m);
+    double rf = 0, rb = 0;
+    for (int64_t c = 0; c < sch.chunks(dd); ++c) {
+      int64_t mb0 = 0;  // a micro-batch the chunk runs (DualPipe: its direction's first)
+      while (mb0 + 1 < m && !sch.runs(dd, s, c, mb0)) ++mb0;
+      const sched::Place pr = sch.prev(dd, s, c, mb0), nx = sch.next(dd, s, c, mb0);
+      rf += pr.valid() && pr.rank != s ? 1.0 : 0.0;
+      rb += nx.valid() && nx.rank != s ? 1.0 : 0.0;
+    }
+    return std::pair<double, double>{rf, rb};
+  };
   const int64_t stage_size = l.tp * l.cp * l.dp;
   const int64_t dpcp = l.dp * l.cp;
   // What each pipeline rank holds over its chunks (models/pipeline_split.hpp; uneven stages
@@ -391,7 +407,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   for (int64_t s = 0; s < p; ++s) {
     const bool first = is_first(s), last = is_last(s);
     const double layers_rank = layers_of(s);
-    const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
+    const auto [recv_f, recv_b] = remote_recvs(s);
     double f = layers_rank * lf + (first ? sh.emb_f.time : 0.0) + (last ? sh.head_f.time : 0.0) + recv_f * ptag;
     double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
     if (l.zero_stage == 3 && dpcp > 1) {
@@ -414,7 +430,6 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   else t_pipe = w_sum + d(m - 1) * w_max + 2.0 * d(p - 1) * t_p2p;
   // Schedules without a closed form here (zero-bubble, DualPipe): time the schedule's own
   // order (models/schedules/ time_order) with each chunk's F, B and W on its rank.
-  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
   // Micro-batches each of a rank's per-micro-batch passes runs: all of them, except under
   // DualPipe, where each direction's chunk runs half (F and B above cover both chunks).
   const double m_rank = sch.params_twice() ? d(m) / 2.0 : d(m);
@@ -574,7 +589,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
 
     // Per-stage accounting (means below).
     const double layers_mb = layers_rank;
-    const double recv_f = d(v - (first ? 1 : 0)), recv_b = d(v - (last ? 1 : 0));
+    const auto [recv_f, recv_b] = remote_recvs(s);
     double comp = layers_mb * (sh.layer_f.compute + sh.layer_b.compute) + (first ? sh.emb_f.compute + sh.emb_b.compute : 0.0) +
                   (last ? sh.head_f.compute + sh.head_b.compute : 0.0);
     comp = m_rank * comp + opt;
@@ -615,7 +630,12 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       // Every message counts at both ends (sender and receiver): its receives and as many
       // sends (recv_f forward receives = as many backward sends, and vice versa).
       sd.total[kPP] = 2.0 * m_rank * (recv_f + recv_b) * t_p2p + ar;
-      sd.exposed[kPP] = (first || last ? 1.0 : 2.0) * t_p2p + ar;
+      // The messages a stage waits on outside the steady state: one at each end of the
+      // pipeline, two elsewhere; with the order-timed schedules, one per direction in which
+      // the rank receives from another rank at all.
+      const double waited = sch.splits_backward() ? (recv_f > 0 ? 1.0 : 0.0) + (recv_b > 0 ? 1.0 : 0.0)
+                                                  : (first || last ? 1.0 : 2.0);
+      sd.exposed[kPP] = waited * t_p2p + ar;
     }
     sd.total[kDP] = dp_total + gather;
     sd.exposed[kDP] = dp_exposed + gather;

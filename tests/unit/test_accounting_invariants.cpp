@@ -73,6 +73,29 @@ INSTANTIATE_TEST_SUITE_P(
                   "{dp: 1, tp: 2, cp: 4, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: none}",
                   "{seq_len: 1024, global_batch: 8, micro_batch: 1, dtype: bf16, flash_attention: true, "
                   "framework: megatron, tp_comm_overlap: true}",
+                  true},
+        // The registered schedules beyond 1F1B (models/schedules/): split B/W, V turn, two
+        // directions with the mirror gradient sum.
+        SmallCase{"zb_h1_zero1_sp", "{node: dgx-h100, nodes: 2}",
+                  "{dp: 2, tp: 2, pp: 4, schedule: zb-h1, zero_stage: 1, sequence_parallel: true, recompute: none}",
+                  "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                  "framework: megatron, overlap_grad_reduce: true, overlap_p2p: true}",
+                  true},
+        SmallCase{"zb_h2", "{node: dgx-h100, nodes: 2}",
+                  "{dp: 2, tp: 2, pp: 4, schedule: zb-h2, zero_stage: 0, sequence_parallel: false, recompute: full}",
+                  "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                  "framework: megatron}",
+                  false},
+        SmallCase{"dualpipev_tied", "{node: dgx-h100, nodes: 2}",
+                  "{dp: 2, tp: 2, pp: 4, vp: 2, schedule: dualpipev, zero_stage: 1, sequence_parallel: true, "
+                  "recompute: none}",
+                  "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                  "framework: megatron, overlap_grad_reduce: true}",
+                  true},
+        SmallCase{"dualpipe_tied", "{node: dgx-h100, nodes: 2}",
+                  "{dp: 2, tp: 2, pp: 4, schedule: dualpipe, zero_stage: 1, sequence_parallel: true, recompute: none}",
+                  "{seq_len: 512, global_batch: 16, micro_batch: 1, dtype: bf16, flash_attention: true, "
+                  "framework: megatron, overlap_grad_reduce: true}",
                   true}),
     [](const ::testing::TestParamInfo<SmallCase>& info) { return std::string(info.param.name); });
 
