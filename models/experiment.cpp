@@ -67,4 +67,22 @@ const char* to_string(GradDtype g) {
   return "?";
 }
 
+const char* to_string(RouterScore r) {
+  switch (r) {
+    case RouterScore::softmax: return "softmax";
+    case RouterScore::sigmoid: return "sigmoid";
+  }
+  return "?";
+}
+
+const char* to_string(RouterBalance b) {
+  switch (b) {
+    case RouterBalance::forced: return "forced";
+    case RouterBalance::measured: return "measured";
+    case RouterBalance::aux_loss: return "aux_loss";
+    case RouterBalance::aux_free: return "aux_free";
+  }
+  return "?";
+}
+
 }  // namespace dtsim

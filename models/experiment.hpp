@@ -4,6 +4,7 @@
 // Parsing and validation live in models/experiment_io.hpp.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtsim {
 
@@ -17,6 +18,83 @@ enum class Framework { megatron, deepspeed, zero_paper };
 /// (models/schedules/schedule.hpp, one file per schedule, which documents its order and source).
 enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, dualpipev, dualpipe };
 enum class GradDtype { fp32, bf16 };
+
+/// Router scoring of a mixture-of-experts layer (Megatron-Core --moe-router-score-function).
+enum class RouterScore { softmax, sigmoid };
+/// How the router's tokens spread over the experts (the load factor a step is timed at;
+/// models/moe.hpp moe_load_factor documents each):
+///  - forced: Megatron-Core --moe-router-force-load-balancing (a benchmark mode: every expert
+///    gets the mean), factor 1;
+///  - measured: the factor given in model.moe.load_imbalance (max / mean tokens of the busiest
+///    EP rank, >= 1), e.g. from a run's router statistics;
+///  - aux_loss / aux_free: a trained router with an auxiliary balance loss (Shazeer et al.
+///    2017; GShard) or DeepSeek-V3's auxiliary-loss-free bias (Wang et al. 2024, arXiv
+///    2408.15664): the documented default factor of models/moe.hpp.
+enum class RouterBalance { forced, measured, aux_loss, aux_free };
+
+/// Mixture-of-experts layers (model.moe; absent or num_experts == 0: a dense model). Names are
+/// Megatron-Core's (megatron/core/transformer/transformer_config.py) where a user would type them.
+struct MoeSpec {
+  int64_t num_experts = 0;          // routed experts per MoE layer, E (--num-experts)
+  int64_t router_topk = 0;          // experts per token, k (--moe-router-topk)
+  int64_t moe_ffn_hidden = 0;       // inner size of one routed SwiGLU expert (--moe-ffn-hidden-size)
+  /// Inner size of the shared expert(s), all together (--moe-shared-expert-intermediate-size;
+  /// DeepSeek n_shared_experts x moe_intermediate_size); 0 = none.
+  int64_t shared_expert_ffn_hidden = 0;
+  /// Which layers are MoE: layer i is MoE when i >= first_k_dense and
+  /// (i - first_k_dense) % layer_freq == 0, unless `layer_pattern` is given (one 0/1 per layer,
+  /// Megatron's --moe-layer-freq list form), which then decides alone.
+  int64_t first_k_dense = 0;        // DeepSeek first_k_dense_replace
+  int64_t layer_freq = 1;           // --moe-layer-freq (integer form)
+  std::vector<uint8_t> layer_pattern;
+  RouterScore router_score = RouterScore::softmax;
+  bool router_expert_bias = false;  // --moe-router-enable-expert-bias (aux-loss-free balancing)
+  int64_t router_num_groups = 0;    // --moe-router-num-groups (group-limited routing); 0 = none
+  int64_t router_group_topk = 0;    // --moe-router-group-topk: groups a token may reach
+  /// --moe-expert-capacity-factor: an expert takes at most capacity_factor x mean tokens, the
+  /// rest are dropped (and with pad_to_capacity every expert computes exactly its capacity);
+  /// 0 = dropless.
+  double capacity_factor = 0;
+  bool pad_to_capacity = false;     // --moe-pad-expert-input-to-capacity
+  RouterBalance balance = RouterBalance::forced;
+  double load_imbalance = 1.0;      // balance == measured: max / mean tokens per EP rank, >= 1
+
+  bool enabled() const { return num_experts > 0; }
+  /// Whether global layer `i` is a MoE layer (rule above).
+  bool is_moe_layer(int64_t i) const {
+    if (!enabled()) return false;
+    if (!layer_pattern.empty()) return i >= 0 && i < static_cast<int64_t>(layer_pattern.size()) && layer_pattern[static_cast<size_t>(i)] != 0;
+    return i >= first_k_dense && (i - first_k_dense) % layer_freq == 0;
+  }
+};
+
+/// Multi-head latent attention (DeepSeek-V2 Sec 2.1, arXiv 2405.04434; DeepSeek-V3): queries
+/// and keys/values go through low-rank latents. model.mla; absent (kv_lora_rank == 0) = none.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;          // 0 = queries projected directly (DeepSeek-V2-Lite)
+  int64_t kv_lora_rank = 0;         // d_c
+  int64_t qk_nope_head_dim = 0;     // d_h (non-rotary part of a query / key head)
+  int64_t qk_rope_head_dim = 0;     // d_h^R (decoupled rotary part, one shared key head)
+  int64_t v_head_dim = 0;           // value head size
+  bool enabled() const { return kv_lora_rank > 0; }
+};
+
+/// Local (sliding-window) attention: model.attention. window 0 = every layer attends to the
+/// whole causal context. Layer i uses the window when window_pattern is empty or
+/// window_pattern[i % size] != 0 (GPT-OSS alternates sliding and full: [1, 0]; Mistral 7B
+/// slides in every layer).
+struct AttentionWindow {
+  int64_t window = 0;               // tokens a query attends to (itself included)
+  std::vector<uint8_t> window_pattern;
+  /// Learned per-head attention sinks (GPT-OSS: one logit per head added to the softmax
+  /// denominator): heads parameters per layer, negligible FLOPs.
+  bool sinks = false;
+  bool windowed(int64_t layer) const {
+    if (window <= 0) return false;
+    if (window_pattern.empty()) return true;
+    return window_pattern[static_cast<size_t>(layer) % window_pattern.size()] != 0;
+  }
+};
 
 /// Decoder-only Transformer.
 struct ModelSpec {
@@ -34,8 +112,17 @@ struct ModelSpec {
   /// Max positions of a learned position embedding (only used when position == learned;
   /// 0 means "seq_len of the training section").
   int64_t max_position_embeddings = 0;
+  /// Attention head size; 0 = hidden / heads (an explicit head_dim, as Qwen3 and GPT-OSS have).
+  int64_t head_dim_override = 0;
+  MoeSpec moe;
+  MlaSpec mla;
+  AttentionWindow attention;
+  /// DeepSeek-V3 multi-token prediction (Sec 2.2): extra modules after the last layer, each
+  /// an embedding-projection (2h -> h), one transformer layer (the last layer's kind) and the
+  /// shared LM head; 0 = none. Megatron-Core --mtp-num-layers.
+  int64_t mtp_layers = 0;
 
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : hidden / heads; }
 };
 
 /// One GPU model. Every preset value cites its datasheet in topologies/gpu_presets.cpp.
@@ -129,6 +216,16 @@ struct Layout {
   std::string pipeline_layout;
   /// Default: interleaved when vp > 1, else 1F1B.
   Schedule schedule = Schedule::one_f_one_b;
+  /// Expert parallelism (Megatron-Core parallel folding, models/rank_grid.hpp): the routed
+  /// experts of a MoE layer are split over `ep` ranks, each expert's GEMMs over `etp` ranks;
+  /// within a pipeline stage the tp x cp x dp attention ranks are regrouped as
+  /// etp x ep x edp, edp = tp cp dp / (etp ep). etp 0 = tp (Megatron's default for
+  /// --expert-tensor-parallel-size).
+  int64_t ep = 1;
+  int64_t etp = 0;
+  int64_t expert_tp() const { return etp > 0 ? etp : tp; }
+  /// Expert data parallel size: ranks of a stage holding the same experts.
+  int64_t edp() const { return dp * tp * cp / (expert_tp() * ep); }
 };
 
 struct Training {
@@ -169,6 +266,19 @@ struct Training {
   /// schedule). Off: a send blocks until its bytes arrived, as Megatron-LM's
   /// p2p_communication._communicate waits on batch_isend_irecv.
   bool overlap_p2p = false;
+  /// MoE token dispatcher (Megatron-Core --moe-token-dispatcher-type; `deepep` / `hybridep` =
+  /// flex with --moe-enable-deepep / HybridEP): how the EP AllToAll runs
+  /// (sim/collectives/ registry: alltoall, alltoall_hierarchical).
+  std::string moe_token_dispatcher = "alltoall";
+  /// Megatron-Core --overlap-moe-expert-parallel-comm: the dispatch / combine AllToAll of one
+  /// micro-batch overlaps the compute of another (forward with backward, 1F1B A2A overlap).
+  bool overlap_moe_expert_parallel_comm = false;
+  /// Megatron-Core --delay-wgrad-compute: expert weight gradients run after the backward
+  /// dispatch AllToAll is issued, so it hides behind them.
+  bool delay_wgrad_compute = false;
+  /// Megatron-Core --moe-shared-expert-overlap: the shared expert computes while the routed
+  /// tokens are dispatched and combined.
+  bool moe_shared_expert_overlap = false;
   /// Gradient accumulation steps: global_batch / (micro_batch * dp).
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };
@@ -204,5 +314,7 @@ const char* to_string(Dtype);
 const char* to_string(Framework);
 const char* to_string(Schedule);
 const char* to_string(GradDtype);
+const char* to_string(RouterScore);
+const char* to_string(RouterBalance);
 
 }  // namespace dtsim

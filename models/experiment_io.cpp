@@ -80,7 +80,14 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"", {"title", "model", "cluster", "layout", "training", "published"}},
       {"model",
        {"name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "activation", "vocab",
-        "tied_embeddings", "norm", "position", "max_position_embeddings", "hf_config"}},
+        "tied_embeddings", "norm", "position", "max_position_embeddings", "hf_config", "head_dim", "moe", "mla",
+        "attention", "mtp_layers"}},
+      {"model.moe",
+       {"num_experts", "router_topk", "moe_ffn_hidden", "shared_expert_ffn_hidden", "first_k_dense", "layer_freq",
+        "router_score_function", "router_enable_expert_bias", "router_num_groups", "router_group_topk",
+        "capacity_factor", "pad_to_capacity", "load_balancing", "load_imbalance"}},
+      {"model.mla", {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}},
+      {"model.attention", {"window", "window_pattern", "sinks"}},
       {"cluster",
        {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
         "collectives", "hbm_reserve"}},
@@ -94,11 +101,12 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"layout",
        {"dp", "tp", "cp", "pp", "vp", "schedule", "zero_stage", "sequence_parallel", "recompute",
         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "pipeline_layout"}},
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "pipeline_layout", "ep", "etp"}},
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
-        "reduce_every_micro_batch", "comm_interference", "overlap_p2p"}},
+        "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher",
+        "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
   };
   auto it = schema.find(map_path);
@@ -144,6 +152,12 @@ const Choices<Position> kPositions = {{"learned", Position::learned}, {"rope", P
 const Choices<Recompute> kRecomputes = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 const Choices<Dtype> kDtypes = {{"bf16", Dtype::bf16}, {"fp8", Dtype::fp8}};
+const Choices<RouterScore> kRouterScores = {{"softmax", RouterScore::softmax}, {"sigmoid", RouterScore::sigmoid}};
+const Choices<RouterBalance> kBalances = {{"forced", RouterBalance::forced},
+                                          {"measured", RouterBalance::measured},
+                                          {"aux_loss", RouterBalance::aux_loss},
+                                          {"aux_free", RouterBalance::aux_free}};
+const Choices<std::string> kDispatchers = {{"alltoall", "alltoall"}, {"deepep", "deepep"}, {"hybridep", "hybridep"}};
 // Every registered pipeline schedule by its name (models/schedules/registry.cpp).
 const Choices<Schedule> kSchedules = [] {
   Choices<Schedule> c;
@@ -523,6 +537,61 @@ struct SlidingWindow {
   std::optional<int64_t> window;
 };
 
+// A list of 0 / 1 flags (model.moe.layer_freq, model.attention.window_pattern); `count` > 0:
+// exactly that many entries.
+std::vector<uint8_t> read_flags(Reader& r, const std::string& key, int64_t count) {
+  std::vector<uint8_t> out;
+  const YAML::Node n = r.child(key);
+  if (!n.IsSequence() || n.size() == 0) {
+    r.ctx().fail(r.path(key), r.path(key) + " must be a non-empty list of 0 and 1");
+    return out;
+  }
+  for (const auto& x : n) {
+    if (!x.IsScalar() || (x.Scalar() != "0" && x.Scalar() != "1")) {
+      r.ctx().fail(r.path(key), r.path(key) + " must be a list of 0 and 1 (found " + quote(x.IsScalar() ? x.Scalar() : "a non-scalar") + ")");
+      return {};
+    }
+    out.push_back(x.Scalar() == "1" ? 1 : 0);
+  }
+  if (count > 0 && static_cast<int64_t>(out.size()) != count)
+    r.ctx().fail(r.path(key), r.path(key) + " has " + std::to_string(out.size()) + " entries; model.layers=" +
+                                  std::to_string(count) + " needs one per layer");
+  return out;
+}
+
+// model.moe (models/experiment.hpp MoeSpec; Megatron-Core's names).
+MoeSpec read_moe(Reader r, int64_t layers) {
+  MoeSpec e;
+  if (!r.check_map()) return e;
+  for (const char* k : {"num_experts", "router_topk", "moe_ffn_hidden"})
+    if (!r.has(k)) r.require(k);
+  set_if(e.num_experts, r.integer("num_experts"));
+  set_if(e.router_topk, r.integer("router_topk"));
+  set_if(e.moe_ffn_hidden, r.integer("moe_ffn_hidden"));
+  set_if(e.shared_expert_ffn_hidden, r.integer("shared_expert_ffn_hidden"));
+  set_if(e.first_k_dense, r.integer("first_k_dense"));
+  if (r.has("layer_freq")) {
+    const YAML::Node n = r.child("layer_freq");
+    if (n.IsSequence()) e.layer_pattern = read_flags(r, "layer_freq", layers);
+    else set_if(e.layer_freq, r.integer("layer_freq"));
+  }
+  set_if(e.router_score, r.choice("router_score_function", kRouterScores));
+  set_if(e.router_expert_bias, r.boolean("router_enable_expert_bias"));
+  set_if(e.router_num_groups, r.integer("router_num_groups"));
+  set_if(e.router_group_topk, r.integer("router_group_topk"));
+  set_if(e.capacity_factor, r.number("capacity_factor"));
+  set_if(e.pad_to_capacity, r.boolean("pad_to_capacity"));
+  set_if(e.balance, r.choice("load_balancing", kBalances));
+  if (auto v = r.number("load_imbalance")) {
+    if (e.balance != RouterBalance::measured)
+      r.ctx().fail(r.path("load_imbalance"), r.path("load_imbalance") + " is read only with " + r.path("load_balancing") + ": measured");
+    e.load_imbalance = *v;
+  } else if (e.balance == RouterBalance::measured) {
+    r.require("load_imbalance", "a number >= 1 (max / mean tokens of the busiest EP rank)");
+  }
+  return e;
+}
+
 ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& sliding) {
   ModelSpec m;
   if (!r.check_map()) return m;
@@ -592,6 +661,28 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
   set_if(m.tied_embeddings, d.tied);
   set_if(m.norm, d.norm);
   set_if(m.position, d.position);
+  if (auto v = r.integer("head_dim")) m.head_dim_override = *v;
+  if (auto v = r.integer("mtp_layers")) m.mtp_layers = *v;
+  if (r.has("moe")) m.moe = read_moe(Reader(r.ctx(), r.child("moe"), r.path("moe")), m.layers);
+  if (r.has("mla")) {
+    Reader q(r.ctx(), r.child("mla"), r.path("mla"));
+    if (q.check_map()) {
+      set_if(m.mla.q_lora_rank, q.integer("q_lora_rank"));
+      set_if(m.mla.kv_lora_rank, q.integer("kv_lora_rank"));
+      set_if(m.mla.qk_nope_head_dim, q.integer("qk_nope_head_dim"));
+      set_if(m.mla.qk_rope_head_dim, q.integer("qk_rope_head_dim"));
+      set_if(m.mla.v_head_dim, q.integer("v_head_dim"));
+      if (!q.has("kv_lora_rank")) q.require("kv_lora_rank");
+    }
+  }
+  if (r.has("attention")) {
+    Reader q(r.ctx(), r.child("attention"), r.path("attention"));
+    if (q.check_map()) {
+      set_if(m.attention.window, q.integer("window"));
+      set_if(m.attention.sinks, q.boolean("sinks"));
+      if (q.has("window_pattern")) m.attention.window_pattern = read_flags(q, "window_pattern", 0);
+    }
+  }
 
   // config.json features checked against the final model (YAML keys may have changed it).
   const auto& bad = r.ctx().bad();
@@ -844,6 +935,8 @@ LayoutDraft read_layout(Reader r) {
   }
   if (auto sch = r.choice("schedule", kSchedules)) l.schedule = *sch;
   else if (l.vp > 1) l.schedule = Schedule::interleaved;
+  set_if(l.ep, r.integer("ep"));
+  set_if(l.etp, r.integer("etp"));
   return d;
 }
 
@@ -869,6 +962,10 @@ Training read_training(Reader r) {
   set_if(t.reduce_every_micro_batch, r.boolean("reduce_every_micro_batch"));
   set_if(t.comm_interference, r.boolean("comm_interference"));
   set_if(t.overlap_p2p, r.boolean("overlap_p2p"));
+  if (auto v = r.choice("moe_token_dispatcher", kDispatchers)) t.moe_token_dispatcher = *v;
+  set_if(t.overlap_moe_expert_parallel_comm, r.boolean("overlap_moe_expert_parallel_comm"));
+  set_if(t.delay_wgrad_compute, r.boolean("delay_wgrad_compute"));
+  set_if(t.moe_shared_expert_overlap, r.boolean("moe_shared_expert_overlap"));
   return t;
 }
 
@@ -1073,6 +1170,63 @@ void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::
 
 // The cross-section checks. A check is skipped when one of the keys it involves is in
 // `bad` (or below a bad map), because that key already has its own problem.
+// The MoE, MLA, local-attention and expert-layout constraints (models/experiment.hpp).
+void check_moe(const Experiment& e, ProblemList& p) {
+  const ModelSpec& m = e.model;
+  const MoeSpec& x = m.moe;
+  const Layout& l = e.layout;
+  auto s = [](auto v) { return std::to_string(v); };
+  if (m.head_dim_override < 0) p.add("model.head_dim=" + s(m.head_dim_override) + " must be positive");
+  if (m.mtp_layers < 0) p.add("model.mtp_layers=" + s(m.mtp_layers) + " must be >= 0");
+  if (m.mtp_layers > 0)
+    p.add("model.mtp_layers=" + s(m.mtp_layers) + ": multi-token prediction layers are not simulated yet (set 0)");
+  if (m.mla.enabled() || m.mla.q_lora_rank != 0 || m.mla.v_head_dim != 0)
+    p.add("model.mla: multi-head latent attention is not simulated yet (its block is not built)");
+  if (m.attention.window < 0) p.add("model.attention.window=" + s(m.attention.window) + " must be positive");
+  if (m.attention.window > 0 || m.attention.sinks)
+    p.add("model.attention: sliding-window attention and sinks are not simulated yet");
+  const bool moe_opts = e.training.overlap_moe_expert_parallel_comm || e.training.delay_wgrad_compute ||
+                        e.training.moe_shared_expert_overlap || e.training.moe_token_dispatcher != "alltoall";
+  if (moe_opts && !x.enabled())
+    p.add("training.overlap_moe_expert_parallel_comm / delay_wgrad_compute / moe_shared_expert_overlap / "
+          "moe_token_dispatcher need a mixture-of-experts model (model.moe)");
+  if (e.training.overlap_moe_expert_parallel_comm)
+    p.add("training.overlap_moe_expert_parallel_comm: the overlap of two micro-batches' AllToAll with each other's "
+          "compute is not simulated yet (set false)");
+  if (const std::string why = expert_layout_problem(l, x.num_experts); !why.empty()) p.add(why);
+  if (!x.enabled()) {
+    if (x.num_experts < 0) p.add("model.moe.num_experts=" + s(x.num_experts) + " must be positive");
+    return;
+  }
+  if (x.router_topk < 1 || x.router_topk > x.num_experts)
+    p.add("model.moe.router_topk=" + s(x.router_topk) + " must be in [1, num_experts=" + s(x.num_experts) + "]");
+  if (x.moe_ffn_hidden <= 0) p.add("model.moe.moe_ffn_hidden=" + s(x.moe_ffn_hidden) + " must be positive");
+  if (x.shared_expert_ffn_hidden < 0)
+    p.add("model.moe.shared_expert_ffn_hidden=" + s(x.shared_expert_ffn_hidden) + " must be >= 0");
+  if (x.first_k_dense < 0 || x.first_k_dense >= m.layers)
+    p.add("model.moe.first_k_dense=" + s(x.first_k_dense) + " must be in [0, model.layers=" + s(m.layers) + ")");
+  if (x.layer_freq < 1) p.add("model.moe.layer_freq=" + s(x.layer_freq) + " must be >= 1");
+  if (!x.layer_pattern.empty() && static_cast<int64_t>(x.layer_pattern.size()) != m.layers)
+    p.add("model.moe.layer_freq lists " + s(x.layer_pattern.size()) + " layers; model.layers=" + s(m.layers));
+  if (x.router_num_groups < 0 || (x.router_num_groups > 0 && x.num_experts % x.router_num_groups != 0))
+    p.add("model.moe.router_num_groups=" + s(x.router_num_groups) + " must divide num_experts=" + s(x.num_experts));
+  if (x.router_num_groups > 0 && (x.router_group_topk < 1 || x.router_group_topk > x.router_num_groups))
+    p.add("model.moe.router_group_topk=" + s(x.router_group_topk) + " must be in [1, router_num_groups=" +
+          s(x.router_num_groups) + "]");
+  if (x.capacity_factor < 0) p.add("model.moe.capacity_factor=" + std::to_string(x.capacity_factor) + " must be >= 0 (0: dropless)");
+  if (x.pad_to_capacity && x.capacity_factor <= 0)
+    p.add("model.moe.pad_to_capacity needs model.moe.capacity_factor > 0");
+  if (x.balance == RouterBalance::measured && !(x.load_imbalance >= 1.0))
+    p.add("model.moe.load_imbalance=" + std::to_string(x.load_imbalance) + " must be >= 1 (max / mean tokens)");
+  if (m.activation != Activation::swiglu)
+    p.add("model.moe: routed experts are SwiGLU MLPs; model.activation must be swiglu");
+  // Megatron-Core transformer_config.py: "When using MoE and tensor parallelism, sequence
+  // parallelism must be used" (tensor_model_parallel_size > 1 with num_moe_experts).
+  if (l.tp > 1 && !l.sequence_parallel)
+    p.add("layout.sequence_parallel must be true for a mixture-of-experts model with layout.tp > 1 (Megatron-Core "
+          "requires it)");
+}
+
 void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
   const ModelSpec& m = e.model;
   const ClusterSpec& c = e.cluster;
@@ -1102,6 +1256,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   };
   for (const auto& [key, v] : positives)
     if (ok({key}) && v <= 0) p.add(std::string(key) + "=" + s(v) + " must be a positive integer");
+  check_moe(e, p);
   if (ok({"model.max_position_embeddings"}) && m.max_position_embeddings < 0)
     p.add("model.max_position_embeddings=" + s(m.max_position_embeddings) + " must be >= 0");
   if (ok({"layout.zero_stage"}) && (l.zero_stage < 0 || l.zero_stage > 3))

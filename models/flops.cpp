@@ -1,6 +1,7 @@
 #include "models/flops.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "models/blocks/layer.hpp"
@@ -29,7 +30,8 @@ double d(int64_t v) { return static_cast<double>(v); }
 }  // namespace
 
 double ForwardFlops::total() const {
-  return qkv + attention_scores + attention_values + out_proj + mlp_up + mlp_gate + mlp_down;
+  return qkv + attention_scores + attention_values + out_proj + mlp_up + mlp_gate + mlp_down + router + expert_up +
+         expert_gate + expert_down + shared_up + shared_gate + shared_down;
 }
 
 ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
@@ -49,21 +51,56 @@ double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s) {
   return 2.0 * d(b) * d(s) * d(m.hidden) * d(m.vocab);
 }
 
+std::array<int64_t, blocks::kLayerKinds> model_layer_kinds(const ModelSpec& m) {
+  if (!m.moe.enabled() && m.attention.window <= 0) return {m.layers, 0, 0, 0};
+  return blocks::layer_kind_counts(m, 0, m.layers);
+}
+
+ForwardFlops layers_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
+  check_model(m);
+  check_non_negative(b, "b");
+  check_non_negative(s, "s");
+  check_non_negative(s_kv, "s_kv");
+  const auto kinds = model_layer_kinds(m);
+  const blocks::ModelBlocks mb(m);
+  ForwardFlops sum;
+  for (int k = 0; k < blocks::kLayerKinds; ++k) {
+    const double n = d(kinds[static_cast<size_t>(k)]);
+    if (n == 0) continue;
+    const ForwardFlops f = mb.kind(k).forward_flops(m, d(b) * d(s), d(s_kv));
+    sum.qkv += n * f.qkv;
+    sum.attention_scores += n * f.attention_scores;
+    sum.attention_values += n * f.attention_values;
+    sum.out_proj += n * f.out_proj;
+    sum.mlp_up += n * f.mlp_up;
+    sum.mlp_gate += n * f.mlp_gate;
+    sum.mlp_down += n * f.mlp_down;
+    sum.router += n * f.router;
+    sum.expert_up += n * f.expert_up;
+    sum.expert_gate += n * f.expert_gate;
+    sum.expert_down += n * f.expert_down;
+    sum.shared_up += n * f.shared_up;
+    sum.shared_gate += n * f.shared_gate;
+    sum.shared_down += n * f.shared_down;
+  }
+  return sum;
+}
+
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq) {
-  const double layers = d(m.layers) * layer_forward_flops(m, global_batch, seq, seq).total();
+  const double layers = layers_forward_flops(m, global_batch, seq, seq).total();
   return 3.0 * (layers + lm_head_forward_flops(m, global_batch, seq));
 }
 
 double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq, Recompute r) {
   const double model = model_flops_per_step(m, global_batch, seq);
-  const ForwardFlops f = layer_forward_flops(m, global_batch, seq, seq);
+  const ForwardFlops f = layers_forward_flops(m, global_batch, seq, seq);
   switch (r) {
     case Recompute::none:
       return model;
     case Recompute::selective:
-      return model + d(m.layers) * (f.attention_scores + f.attention_values);
+      return model + (f.attention_scores + f.attention_values);
     case Recompute::full:
-      return model + d(m.layers) * f.total();
+      return model + f.total();
   }
   return model;
 }
@@ -119,9 +156,37 @@ int64_t lm_head_parameters(const ModelSpec& m) {
   return m.tied_embeddings ? 0 : m.vocab * m.hidden;
 }
 
+int64_t layer_parameters_at(const ModelSpec& m, int64_t index) {
+  check_model(m);
+  const blocks::BlockParams p = blocks::ModelBlocks(m).layer(index).parameters(m);
+  return static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases +
+                              p.expert_weights);
+}
+
 int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
-  return m.layers * layer_parameters(m) + embedding_parameters(m, seq_len) + norm_parameters(m) +
-         lm_head_parameters(m);
+  check_model(m);
+  const auto kinds = model_layer_kinds(m);
+  const blocks::ModelBlocks mb(m);
+  int64_t layers = 0;
+  for (int k = 0; k < blocks::kLayerKinds; ++k) {
+    if (kinds[static_cast<size_t>(k)] == 0) continue;
+    const blocks::BlockParams p = mb.kind(k).parameters(m);
+    layers += kinds[static_cast<size_t>(k)] *
+              static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases +
+                                   p.expert_weights);
+  }
+  return layers + embedding_parameters(m, seq_len) + norm_parameters(m) + lm_head_parameters(m);
+}
+
+int64_t active_parameters(const ModelSpec& m, int64_t seq_len) {
+  if (!m.moe.enabled()) return total_parameters(m, seq_len);
+  const double share = static_cast<double>(m.moe.router_topk) / static_cast<double>(m.moe.num_experts);
+  const auto kinds = model_layer_kinds(m);
+  const blocks::ModelBlocks mb(m);
+  double inactive = 0;
+  for (int k = 1; k < blocks::kLayerKinds; k += 2)
+    inactive += d(kinds[static_cast<size_t>(k)]) * mb.kind(k).parameters(m).expert_weights * (1.0 - share);
+  return total_parameters(m, seq_len) - static_cast<int64_t>(inactive);
 }
 
 double layer_parameters_per_tp_rank(const ModelSpec& m, int64_t tp) {
@@ -159,12 +224,44 @@ int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
   return first.first_layer;
 }
 
+std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, const Layout& l, int64_t stage) {
+  const RankSplit rs = checked_rank_split(m, l, stage);
+  if (!m.moe.enabled() && m.attention.window <= 0) return {rs.layers, 0, 0, 0};
+  std::array<int64_t, blocks::kLayerKinds> n{};
+  for (int64_t c = 0; c < chunks_of(l); ++c) {
+    const VirtualStage vs = virtual_stage(m.layers, l, virtual_stage_of(l, stage, c));
+    const auto k = blocks::layer_kind_counts(m, vs.first_layer, vs.layers);
+    for (size_t i = 0; i < n.size(); ++i) n[i] += k[i];
+  }
+  return n;
+}
+
+blocks::RankParams stage_layer_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage) {
+  const auto kinds = stage_layer_kinds(m, l, stage);
+  if (kinds[0] == checked_rank_split(m, l, stage).layers)  // dense only: the old sum, bit for bit
+    return {d(kinds[0]) * layer_parameters_per_tp_rank(m, l.tp), 0.0};
+  const blocks::ModelBlocks mb(m);
+  blocks::RankParams sum;
+  for (int k = 0; k < blocks::kLayerKinds; ++k) {
+    const double n = d(kinds[static_cast<size_t>(k)]);
+    if (n == 0) continue;
+    const blocks::Layer& ly = mb.kind(k);
+    sum.dense += n * ly.parameters_per_tp_rank(m, l.tp);
+    sum.expert += n * ly.parameters(m).expert_weights / d(l.ep * l.expert_tp());
+  }
+  return sum;
+}
+
+double stage_expert_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage) {
+  return stage_layer_parameters_per_rank(m, l, stage).expert;
+}
+
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage) {
   // The sum over the rank's chunks (models/pipeline_split.hpp): their layers, the embedding
   // where a chunk holds it, the final norm and LM head where a chunk holds the loss.
   const RankSplit rs = checked_rank_split(m, l, stage);
   const double t = d(l.tp);
-  double n = d(rs.layers) * layer_parameters_per_tp_rank(m, l.tp);
+  double n = stage_layer_parameters_per_rank(m, l, stage).total();
   const double word_embedding = d(m.vocab) * d(m.hidden) / t;  // vocab-parallel
   if (rs.embedding) {
     // Word embedding sharded over the vocabulary; learned positions replicated over TP.

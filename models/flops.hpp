@@ -20,8 +20,10 @@
 //   plus one final norm before the LM head.
 // - Input embedding V*h, plus max_pos*h for learned positions (rope has none).
 // - LM head V*h when untied, none when tied to the input embedding.
+#include <array>
 #include <cstdint>
 
+#include "models/blocks/layer_kind.hpp"
 #include "models/experiment.hpp"
 
 namespace dtsim {
@@ -35,6 +37,14 @@ struct ForwardFlops {
   double mlp_up = 0;            // 2 b s h ffn
   double mlp_gate = 0;          // 2 b s h ffn for SwiGLU, 0 for GeLU
   double mlp_down = 0;          // 2 b s ffn h
+  // Mixture-of-experts layer (models/blocks/moe.hpp), model FLOPs at forced balance:
+  double router = 0;            // gating GEMM: 2 b s h E (FP32 in Megatron-Core; counted here)
+  double expert_up = 0;         // routed experts: 2 b s k h f_e (SwiGLU up)
+  double expert_gate = 0;       // 2 b s k h f_e (SwiGLU gate)
+  double expert_down = 0;       // 2 b s k f_e h
+  double shared_up = 0;         // shared expert(s): 2 b s h f_s
+  double shared_gate = 0;       // 2 b s h f_s
+  double shared_down = 0;       // 2 b s f_s h
   double total() const;
 };
 
@@ -46,6 +56,12 @@ struct ForwardFlops {
 /// The sum of the terms the layer's blocks declare (models/blocks/ Block::forward_flops).
 /// Throws InputError when b, s or s_kv is negative or the model has no heads/hidden.
 ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv);
+
+/// The forward FLOPs of ALL layers, summed by term (layers differ in a MoE model: dense
+/// first-k layers, MoE layers, local attention; models/blocks/layer.hpp layer_kind).
+ForwardFlops layers_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv);
+/// Layers of each kind (models/blocks/layer.hpp layer_kind) in the model.
+std::array<int64_t, blocks::kLayerKinds> model_layer_kinds(const ModelSpec& m);
 
 /// LM head (output projection to the vocabulary), forward: 2 b s h V FLOPs.
 double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s);
@@ -87,6 +103,11 @@ int64_t norm_parameters(const ModelSpec& m);
 /// Sec 5.1). Llama-2 7B: 4h^2 + 3 h ffn + 2h = 202,383,360. The sum of the parameters the
 /// layer's blocks declare (models/blocks/ Block::parameters), as layer_parameters_per_tp_rank.
 int64_t layer_parameters(const ModelSpec& m);
+/// Parameters (elements) of global layer `index`, the routed experts included (all E).
+int64_t layer_parameters_at(const ModelSpec& m, int64_t index);
+/// Parameters a token uses: total_parameters less the (1 - k/E) share of the routed experts
+/// (the "activated parameters" of DeepSeek-V3 Table 1 / Qwen3 model cards).
+int64_t active_parameters(const ModelSpec& m, int64_t seq_len);
 /// Input embedding: V h, plus learned positions max_pos h (max_pos =
 /// m.max_position_embeddings, or `seq_len_for_learned_positions` when that is 0).
 int64_t embedding_parameters(const ModelSpec& m, int64_t seq_len_for_learned_positions);
@@ -128,5 +149,11 @@ int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage);
 /// shared, counted once). No ZeRO
 /// sharding here. Throws InputError for stage outside [0, pp) or a non-positive tp/pp.
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage);
+/// Layers of each kind held by pipeline rank `stage` over its chunks.
+std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, const Layout& l, int64_t stage);
+/// The routed-expert part of stage_parameters_per_rank (elements on one rank: E / ep experts
+/// of each MoE layer, each over etp ranks), whose gradients are reduced over the
+/// expert-data-parallel group instead of DP x CP. 0 for a dense model.
+double stage_expert_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage);
 
 }  // namespace dtsim

@@ -7,6 +7,7 @@
 #include "models/blocks/layer.hpp"
 #include "models/errors.hpp"
 #include "models/flops.hpp"
+#include "models/moe.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
@@ -59,10 +60,12 @@ namespace {
 // other shards freed (ZeRO-2/3); otherwise the whole buffer accumulates until the step's
 // reduction (ZeRO-0/1).
 ModelStateBytes model_states(double params, const Layout& l, Framework f, const BytesPerParameter& bpp,
-                             const GradSyncPolicy& g) {
+                             const GradSyncPolicy& g, double group = 0) {
   check_layout(l);
   if (params < 0) throw InputError("model_state_bytes: negative parameter count");
-  const double n = d(l.dp) * d(l.cp);  // ZeRO group: ranks holding the same weights
+  // ZeRO group: ranks holding the same weights (DP x CP; for routed experts the
+  // expert-data-parallel group, `group`).
+  const double n = group > 0 ? group : d(l.dp) * d(l.cp);
   ModelStateBytes out;
   out.params_bytes = params * bpp.params / (g.sharded_params ? n : 1.0);
   out.grads_bytes = params * bpp.grads / (g.sharded_grads && g.every_micro_batch ? n : 1.0);
@@ -81,6 +84,19 @@ ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f) {
 
 ModelStateBytes model_state_bytes(double params, const Layout& l, const Training& t) {
   return model_states(params, l, t.framework, bytes_per_parameter(t.framework, t.main_grad), grad_sync_policy(l, t));
+}
+
+ModelStateBytes model_state_bytes(double dense_params, double expert_params, const Layout& l, const Training& t) {
+  const BytesPerParameter bpp = bytes_per_parameter(t.framework, t.main_grad);
+  const GradSyncPolicy g = grad_sync_policy(l, t);
+  ModelStateBytes out = model_states(dense_params, l, t.framework, bpp, g);
+  if (expert_params <= 0) return out;
+  const ModelStateBytes ex = model_states(expert_params, l, t.framework, bpp, g, d(l.edp()));
+  out.params_bytes += ex.params_bytes;
+  out.grads_bytes += ex.grads_bytes;
+  out.optimizer_bytes += ex.optimizer_bytes;
+  out.step_transient_bytes += ex.step_transient_bytes;
+  return out;
 }
 
 double korthikanti_table2_layer_bytes(int64_t s_, int64_t b_, int64_t h_, int64_t a_, int64_t t_,
@@ -110,6 +126,28 @@ double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_
   // mlp.cpp; Korthikanti 2022 Sec 4.1 per block). Every layer is the same dense layer today.
   const blocks::ActivationShape a{m, s, d(b), s_kv, flash_attention};
   return blocks::ModelBlocks(m).layer(0).activation_bytes(a, t, sequence_parallel, r);
+}
+
+double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention) {
+  const ModelSpec& m = e.model;
+  const Layout& l = e.layout;
+  const Training& tr = e.training;
+  const auto kinds = stage_layer_kinds(m, l, stage);
+  int64_t layers = 0;
+  for (int64_t n : kinds) layers += n;
+  const double s = d(tr.seq_len) / d(l.cp), s_kv = d(tr.seq_len);
+  if (kinds[0] == layers || layers == 0)
+    return layer_activation_bytes(m, s, tr.micro_batch, s_kv, l.tp, l.sequence_parallel, r, flash_attention);
+  // Layers differ (MoE, local attention): the mean over the stage's layers, each kind's
+  // routed-token tensors at the busiest rank's load (models/moe.hpp).
+  blocks::ActivationShape a{m, s, d(tr.micro_batch), s_kv, flash_attention};
+  a.moe_load = moe_load_factor(m.moe, l);
+  const blocks::ModelBlocks mb(m);
+  double sum = 0;
+  for (int k = 0; k < blocks::kLayerKinds; ++k)
+    if (kinds[static_cast<size_t>(k)] > 0)
+      sum += d(kinds[static_cast<size_t>(k)]) * mb.kind(k).activation_bytes(a, l.tp, l.sequence_parallel, r);
+  return sum / d(layers);
 }
 
 int64_t inflight_microbatches(int64_t pp, int64_t stage, int64_t accumulation) {
@@ -243,17 +281,14 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   out.held_layers = pin.held_layers;
   out.stage_layers = layers;
   out.warmup = pin.warmup;
-  const double per_layer =
-      layer_activation_bytes(m, s, b, s_kv, l.tp, sp, l.recompute, tr.flash_attention);
+  const double per_layer = stage_layer_activation_bytes(e, stage, l.recompute, tr.flash_attention);
   out.per_layer_bytes = per_layer;
   out.layers_bytes = d(pin.held_layers) * per_layer;
 
   if (layers > 0 && l.recompute == Recompute::full) {
-    out.recompute_working_bytes =
-        layer_activation_bytes(m, s, b, s_kv, l.tp, sp, Recompute::none, tr.flash_attention) - per_layer;
+    out.recompute_working_bytes = stage_layer_activation_bytes(e, stage, Recompute::none, tr.flash_attention) - per_layer;
   } else if (layers > 0 && l.recompute == Recompute::selective && !tr.flash_attention) {
-    out.recompute_working_bytes =
-        layer_activation_bytes(m, s, b, s_kv, l.tp, sp, Recompute::none, false) - per_layer;
+    out.recompute_working_bytes = stage_layer_activation_bytes(e, stage, Recompute::none, false) - per_layer;
   }
 
   // The embedding's and the LM head's terms (models/blocks/embedding.cpp, lm_head.cpp;
@@ -284,10 +319,22 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
   check_layout(l);
   StageBuffers out;
   const double params = stage_parameters_per_rank(e.model, l, tr.seq_len, stage);
-  const ModelStateBytes ms = model_state_bytes(params, l, tr);
+  const double expert = stage_expert_parameters_per_rank(e.model, l, stage);
+  const ModelStateBytes ms = model_state_bytes(params - expert, expert, l, tr);
   out.step_transient_bytes = ms.step_transient_bytes;
   const int64_t layers = stage_layer_count(e.model, l, stage);
-  const double layer = layer_parameters_per_tp_rank(e.model, l.tp);
+  // The largest layer of the stage on one rank (a MoE layer holds its E / ep experts too).
+  double layer = 0;
+  {
+    const auto kinds = stage_layer_kinds(e.model, l, stage);
+    const blocks::ModelBlocks mbk(e.model);
+    for (int k = 0; k < blocks::kLayerKinds; ++k) {
+      if (kinds[static_cast<size_t>(k)] == 0) continue;
+      const blocks::Layer& ly = mbk.kind(k);
+      layer = std::max(layer, ly.parameters_per_tp_rank(e.model, l.tp) +
+                                  ly.parameters(e.model).expert_weights / d(l.ep * l.expert_tp()));
+    }
+  }
   const GradSyncPolicy g = grad_sync_policy(l, tr);
   if (g.sharded_params && g.reduced) {
     // Layers gathered one at a time, the next one prefetched: two layers. The stage's
@@ -320,7 +367,8 @@ MemoryBreakdown stage_memory(const Experiment& e, int64_t stage) {
   const Layout& l = e.layout;
   check_layout(l);
   const double params = stage_parameters_per_rank(e.model, l, e.training.seq_len, stage);
-  const ModelStateBytes ms = model_state_bytes(params, l, e.training);
+  const double expert = stage_expert_parameters_per_rank(e.model, l, stage);
+  const ModelStateBytes ms = model_state_bytes(params - expert, expert, l, e.training);
   const ActivationBreakdown act = stage_activations(e, stage);
 
   MemoryBreakdown mb;

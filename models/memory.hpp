@@ -85,6 +85,12 @@ struct ModelStateBytes {
 ModelStateBytes model_state_bytes(double params, const Layout& l, Framework f);
 /// As above with t.framework and t.main_grad (bytes_per_parameter(f, main_grad)).
 ModelStateBytes model_state_bytes(double params, const Layout& l, const Training& t);
+/// The same for a rank holding `dense_params` reduced over DP x CP and `expert_params`
+/// (routed experts) reduced and sharded over the expert-data-parallel group of size
+/// l.edp(): Megatron-Core's MoE-aware theoretical memory (megatron/training/theory_memory_usage.py
+/// after NVIDIA/Megatron-LM PR 4687: 6 + 12/DP bytes per dense and 6 + 12/EDP per expert
+/// parameter under the distributed optimizer).
+ModelStateBytes model_state_bytes(double dense_params, double expert_params, const Layout& l, const Training& t);
 
 /// Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 closed forms, bytes of activations
 /// per transformer layer per (tensor-parallel) rank, for a GPT block (16-bit activations,
@@ -121,6 +127,11 @@ double korthikanti_table2_layer_bytes(int64_t s, int64_t b, int64_t h, int64_t a
 /// blocks::Layer::activation_bytes.
 double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_kv, int64_t t,
                               bool sequence_parallel, Recompute r, bool flash_attention);
+/// The activation bytes per layer of pipeline rank `stage` for one micro-batch under
+/// recomputation `r`: layer_activation_bytes when its layers are all alike, else the mean
+/// over its layers by kind (models/blocks/layer_kind.hpp), MoE layers at the load factor of
+/// models/moe.hpp.
+double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention);
 
 /// Micro-batches whose activations stage `stage` of `pp` holds at the peak of 1F1B:
 /// min(pp - stage, accumulation) (Narayanan 2021 Sec 2.2; Korthikanti 2022 Sec 4.2.3 Eq. 5).

@@ -1,8 +1,10 @@
 #include "models/plan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -24,6 +26,7 @@ const char* to_string(CommKind k) {
     case CommKind::CP: return "CP";
     case CommKind::PP: return "PP";
     case CommKind::DP: return "DP";
+    case CommKind::EP: return "EP";
   }
   return "?";
 }
@@ -33,6 +36,7 @@ const char* to_string(Collective c) {
     case Collective::AllReduce: return "AllReduce";
     case Collective::ReduceScatter: return "ReduceScatter";
     case Collective::AllGather: return "AllGather";
+    case Collective::AllToAll: return "AllToAll";
   }
   return "?";
 }
@@ -49,7 +53,7 @@ const char* to_string(ReduceOp r) {
 
 /// The reduce op a collective of `kind` carries (see ReduceOp).
 ReduceOp reduce_op_for(CommKind kind, Collective c) {
-  if (c == Collective::AllGather) return ReduceOp::none;
+  if (c == Collective::AllGather || c == Collective::AllToAll) return ReduceOp::none;
   return kind == CommKind::DP ? ReduceOp::avg : ReduceOp::sum;
 }
 
@@ -102,6 +106,9 @@ RingCost ring_cost(Collective c, int64_t n, double size_bytes) {
     case Collective::AllReduce: return {2.0 * frac * size_bytes, 2 * (n - 1)};
     case Collective::ReduceScatter:
     case Collective::AllGather: return {frac * size_bytes, n - 1};
+    // Direct exchange: (n-1)/n of the send buffer leaves each rank, all pairs at once (one
+    // latency step; sim/collectives/alltoall_direct.cpp).
+    case Collective::AllToAll: return {frac * size_bytes, 1};
   }
   return {};
 }
@@ -126,9 +133,27 @@ class Builder {
     sp_on_ = l_.sequence_parallel && l_.tp > 1;
     dpcp_ = l_.dp * l_.cp;
     g_ = grad_sync_policy(e);
-    // The layer's blocks' parameters (models/blocks/layer.hpp; equal to flops.hpp's
-    // layer_parameters_per_tp_rank). Every layer is the same dense layer today.
-    layer_params_rank_ = blocks_.layer(0).parameters_per_tp_rank(m_, l_.tp);
+    edp_ = l_.edp();
+    // Each layer kind's parameters on this rank (models/blocks/layer.hpp ModelBlocks::
+    // rank_parameters; the dense part equals flops.hpp's layer_parameters_per_tp_rank).
+    for (int k = 0; k < blocks::kLayerKinds; ++k) {
+      const blocks::Layer& ly = blocks_.kind(k);
+      kind_params_[static_cast<size_t>(k)] = {ly.parameters_per_tp_rank(m_, l_.tp),
+                                              ly.parameters(m_).expert_weights / static_cast<double>(l_.ep * l_.expert_tp())};
+    }
+    const auto kinds = stage_layer_kinds(m_, l_, sp_.stage);
+    for (int k = 0; k < blocks::kLayerKinds; ++k) {
+      const double n = static_cast<double>(kinds[static_cast<size_t>(k)]);
+      if (n == 0) continue;
+      stage_layer_params_.dense += n * kind_params_[static_cast<size_t>(k)].dense;
+      stage_layer_params_.expert += n * kind_params_[static_cast<size_t>(k)].expert;
+      const blocks::BlockParams bp = blocks_.kind(k).parameters(m_);
+      stage_replicated_ += n * (bp.replicated_weights + bp.replicated_biases);
+    }
+  }
+  /// Parameters of global layer `layer` on this rank, by reducing group.
+  const blocks::RankParams& layer_params(int layer) const {
+    return kind_params_[static_cast<size_t>(blocks::layer_kind(m_, layer))];
   }
 
   // ---- primitive appenders (models/blocks/block_context.hpp) ----
@@ -189,6 +214,47 @@ class Builder {
   const char* grad_op_name() const {
     return g_.collective == Collective::AllReduce ? "dp_grad_allreduce" : "dp_grad_reducescatter";
   }
+  /// Routed experts' gradients over the expert-data-parallel group (GroupKind::EDP): their own
+  /// buckets (Megatron-Core keeps expert parameters in separate buffers,
+  /// distributed_data_parallel.py expert_parallel_buffers, reduced over the expert data
+  /// parallel group), with the dense rule of grad_sync_policy. The collective SUMs over EDP
+  /// and the gradient is scaled by 1 / (DP x CP) as the dense one (Megatron-Core
+  /// distributed_data_parallel.py: expert_gradient_scaling_factor = 1 / dp_cp size, or
+  /// edp / dp_cp with average_in_collective): every token's contribution is counted once,
+  /// and the result is the full-batch mean gradient. Reported as an AVG over EDP with that
+  /// scaling (ReduceOp::avg; models/verify checks it on numbers).
+  bool expert_active() const { return edp_ > 1 && m_.moe.enabled(); }
+  void expert_grads_ready(double params, int layer, int mb, bool sync) {
+    if (!expert_active() || params <= 0) return;
+    if (g_.per_layer) {
+      dp_handles_.push_back(issue("edp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP,
+                                  Collective::ReduceScatter, GroupKind::EDP, params * shape_.grad_bytes_per_param));
+      return;
+    }
+    if (!sync) return;
+    pending_expert_ += params;
+    if (e_.training.overlap_grad_reduce && pending_expert_ >= shape_.ddp_bucket_params) flush_expert_bucket(layer, mb);
+  }
+  const char* expert_grad_op_name() const {
+    return g_.collective == Collective::AllReduce ? "edp_grad_allreduce" : "edp_grad_reducescatter";
+  }
+  void flush_expert_bucket(int layer, int mb) {
+    if (pending_expert_ <= 0 || !expert_active()) return;
+    const double size = pending_expert_ * shape_.grad_bytes_per_param;
+    if (e_.training.overlap_grad_reduce)
+      dp_handles_.push_back(issue(expert_grad_op_name(), Phase::backward, layer, mb, CommKind::DP, grad_collective(),
+                                  GroupKind::EDP, size));
+    else
+      collective(expert_grad_op_name(), Phase::backward, layer, mb, CommKind::DP, grad_collective(), GroupKind::EDP, size);
+    pending_expert_ = 0;
+  }
+  /// Both gradient parts of layer `layer` are complete.
+  void layer_grads_ready(int layer, int mb, bool sync) {
+    const blocks::RankParams& p = layer_params(layer);
+    grads_ready(p.dense, layer, mb, sync);
+    expert_grads_ready(p.expert, layer, mb, sync);
+  }
+
   /// Called after the weight gradients of `params` elements are complete.
   void grads_ready(double params, int layer, int mb, bool sync) {
     if (!dp_active() || params <= 0) return;
@@ -253,11 +319,27 @@ class Builder {
     sp_.ops.back().grad_bucket = GradBucket::tied_embedding;
     if (!first) grads_ready(params - word, -1, mb, sync);
   }
-  /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle.
+  /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle. A MoE
+  /// layer's routed experts are gathered over EDP first (their handle is waited for with the
+  /// dense one's: the later of the two, issued second, completes last on the DP stream).
   int zero3_gather(int layer, int mb, Phase ph) {
-    if (!g_.sharded_params || !dp_active()) return -1;
+    if (!g_.sharded_params) return -1;
+    const blocks::RankParams& p = layer_params(layer);
+    if (expert_active() && p.expert > 0)
+      expert_gather_[layer] = issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather,
+                                    GroupKind::EDP, p.expert * kAct);
+    if (!dp_active()) return -1;
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
-                 layer_params_rank_ * kAct);
+                 p.dense * kAct);
+  }
+  /// Waits for layer `layer`'s parameter gathers: the dense one (`handle`) and its experts'.
+  void wait_gather(int handle, int layer, int mb, Phase ph) {
+    auto it = expert_gather_.find(layer);
+    if (it != expert_gather_.end()) {
+      wait(it->second, CommKind::DP, layer, mb, ph);
+      expert_gather_.erase(it);
+    }
+    wait(handle, CommKind::DP, layer, mb, ph);
   }
 
   // ---- one model chunk (virtual stage) of this pipeline rank ----
@@ -313,7 +395,7 @@ class Builder {
       const int layer = static_cast<int>(ch.first_layer + i);
       const int cur = next;
       next = (i + 1 < ch.layers) ? first_use_gather(layer + 1, mb, Phase::forward) : -1;  // prefetch
-      wait(cur, CommKind::DP, layer, mb, Phase::forward);
+      wait_gather(cur, layer, mb, Phase::forward);
       layer_forward(layer, mb, Phase::forward);
     }
     if (ch.last) head_forward(mb);
@@ -339,11 +421,11 @@ class Builder {
       const int layer = static_cast<int>(ch.first_layer + i);
       const int cur = next;
       next = i > 0 ? zero3_gather(layer - 1, mb, Phase::backward) : -1;
-      wait(cur, CommKind::DP, layer, mb, Phase::backward);
+      wait_gather(cur, layer, mb, Phase::backward);
       if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
       if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
       layer_backward(layer, mb, part);
-      if (fused) grads_ready(layer_params_rank_, layer, mb, sync);
+      if (fused) layer_grads_ready(layer, mb, sync);
     }
     if (ch.first && fused) {
       embedding_backward(mb, part);
@@ -367,7 +449,7 @@ class Builder {
     for (int64_t i = ch.layers - 1; i >= 0; --i) {
       const int layer = static_cast<int>(ch.first_layer + i);
       layer_backward(layer, mb, BackwardPart::weight);
-      grads_ready(layer_params_rank_, layer, mb, sync);
+      layer_grads_ready(layer, mb, sync);
     }
     if (ch.first) {
       embedding_backward(mb, BackwardPart::weight);
@@ -386,9 +468,12 @@ class Builder {
     const bool last_backward = ++backwards_ == backwards_total_;
     if (sync && g_.every_micro_batch && !g_.per_layer && !last_backward) flush_pending(-1, mb);
   }
+  /// Sends the open expert bucket (dense and expert buffers are separate).
+  void flush_expert(int layer, int mb) { flush_expert_bucket(layer, mb); }
 
   /// Sends the open bucket: asynchronously with overlap_grad_reduce, else blocking.
   void flush_pending(int layer, int mb) {
+    flush_expert(layer, mb);
     if (!dp_active()) return;
     if (pending_params_ > 0) {
       if (e_.training.overlap_grad_reduce) {
@@ -416,8 +501,14 @@ class Builder {
     if (g_.sharded_params) return zero3_gather(layer, mb, ph);
     if (!param_gather_overlapped() || gathered_.count(layer)) return -1;
     gathered_.insert(layer);
+    // A MoE layer's experts first, over EDP; the dense gather, issued after it on the same
+    // in-order DP stream, completes last, so waiting for it waits for both.
+    const blocks::RankParams& p = layer_params(layer);
+    if (expert_active() && p.expert > 0)
+      expert_gather_[layer] =
+          issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::EDP, p.expert * kAct);
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
-                 layer_params_rank_ * kAct);
+                 p.dense * kAct);
   }
   bool param_gather_overlapped() const {
     return dp_active() && g_.sharded_optimizer && !g_.sharded_params && e_.training.overlap_param_gather;
@@ -436,7 +527,7 @@ class Builder {
   /// its layers (and, when it is also the last stage, the head), so that every parameter
   /// of stage_parameters_per_rank has its gradient reduced exactly once.
   double embedding_params_rank() const {
-    double rest = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
+    double rest = sp_.params_per_rank - stage_layer_params_.total();
     if (rank_holds_.loss) rest -= head_params_rank();
     return rest;
   }
@@ -465,7 +556,7 @@ class Builder {
     cur_chunk_ = 0;
     const int last_layer = -1;
     const int mb = static_cast<int>(shape_.micro_batches - 1);
-    if (dp_active() && !g_.per_layer) flush_pending(last_layer, mb);
+    if (!g_.per_layer) flush_pending(last_layer, mb);
     for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, -1, Phase::optimizer);
     // Tied word embedding with pp > 1: the first and last stages each hold a copy and
     // SUM their gradients before the optimizer (Megatron-LM
@@ -488,7 +579,7 @@ class Builder {
     // they own (the rule Megatron-Core applies to the tied embedding,
     // _does_param_require_new_bucket). PP communication, as the embedding's.
     if (sched_->params_twice() && l_.pp > 1) {
-      const double owned_grads = sp_.params_per_rank / (g_.sharded_optimizer ? static_cast<double>(dpcp_) : 1.0);
+      const double owned_grads = owned_params();
       collective("dualpipe_grad_allreduce", Phase::optimizer, -1, mb, CommKind::PP, Collective::AllReduce,
                  GroupKind::MIRROR, owned_grads * shape_.grad_bytes_per_param);
       if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "dualpipe_grad_allreduce")
@@ -499,14 +590,14 @@ class Builder {
     // over TP after the DP sync (Megatron-LM finalize_model_grads.py
     // _allreduce_layernorm_grads). Found missing by dtsim verify.
     if (sp_on_) {
-      double replicated = static_cast<double>(sp_.layers) *
-                          (2.0 * static_cast<double>(norm_parameters(m_)) + (has_linear_biases(m_) ? 2.0 * h_ : 0.0));
+      // The blocks' replicated parameters (norms, row-parallel biases, a MoE router).
+      double replicated = stage_replicated_;
       if (rank_holds_.loss) replicated += static_cast<double>(norm_parameters(m_));
       collective("tp_sp_grad_allreduce", Phase::optimizer, -1, mb, CommKind::TP, Collective::AllReduce, GroupKind::TP,
                  replicated * shape_.grad_bytes_per_param);
     }
     // Optimizer: HBM-bound fused Adam over the parameters this rank owns.
-    const double owned = sp_.params_per_rank / (g_.sharded_optimizer ? static_cast<double>(dpcp_) : 1.0);
+    const double owned = owned_params();
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
     // With per-layer gathers (ZeRO-1/2 with overlap_param_gather, and ZeRO-3), the stage's
@@ -516,13 +607,24 @@ class Builder {
     // torch.distributed.fsdp.fully_shard docs, reshard_after_forward: the root's is set to
     // False, its parameters being needed again in backward). Both found missing by dtsim
     // verify; models/memory.cpp counts them gathered.
-    const double non_layer = sp_.params_per_rank - static_cast<double>(sp_.layers) * layer_params_rank_;
+    const double non_layer = sp_.params_per_rank - stage_layer_params_.total();
     if ((param_gather_overlapped() || (g_.sharded_params && dp_active())) && non_layer > 0)
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
                  GroupKind::DPxCP, non_layer * kAct);
     if (dp_active() && g_.sharded_optimizer && !g_.sharded_params && !param_gather_overlapped())
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
-                 GroupKind::DPxCP, sp_.params_per_rank * kAct);
+                 GroupKind::DPxCP, (sp_.params_per_rank - stage_layer_params_.expert) * kAct);
+    if (expert_active() && g_.sharded_optimizer && !g_.sharded_params && stage_layer_params_.expert > 0 &&
+        !param_gather_overlapped())
+      collective("edp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
+                 GroupKind::EDP, stage_layer_params_.expert * kAct);
+  }
+  /// Parameters whose optimizer step this rank runs: with a sharded optimizer the dense ones'
+  /// 1 / (DP x CP) share and the routed experts' 1 / EDP share (models/memory.hpp).
+  double owned_params() const {
+    const double expert = stage_layer_params_.expert, dense = sp_.params_per_rank - expert;
+    if (!g_.sharded_optimizer) return sp_.params_per_rank;
+    return dense / static_cast<double>(dpcp_) + expert / static_cast<double>(edp_);
   }
 
  private:
@@ -535,7 +637,12 @@ class Builder {
   double t_ = 1, h_ = 0;
   bool sp_on_ = false;
   int64_t dpcp_ = 1;
-  double layer_params_rank_ = 0;
+  std::array<blocks::RankParams, blocks::kLayerKinds> kind_params_{};
+  blocks::RankParams stage_layer_params_;  // the stage's layers on this rank
+  double stage_replicated_ = 0;            // their TP-replicated parameters (sequence-parallel sum)
+  int64_t edp_ = 1;
+  double pending_expert_ = 0;              // expert gradient elements of the open expert bucket
+  std::map<int, int> expert_gather_;       // layer -> handle of its experts' parameter gather
   double pending_params_ = 0;
   double pending_word_ = 0;  // bytes of the tied word embedding's own bucket, not sent yet
   std::vector<int> dp_handles_;

@@ -32,11 +32,16 @@
 
 namespace dtsim {
 
-enum class CommKind { TP = 0, CP = 1, PP = 2, DP = 3 };
-inline constexpr int kCommKinds = 4;
+/// EP: the MoE token dispatch / combine AllToAll over the expert-parallel group and the
+/// expert-TP gathers around the expert GEMMs (models/blocks/moe.hpp); DP also carries the
+/// expert gradients' reduction over the expert-data-parallel group.
+enum class CommKind { TP = 0, CP = 1, PP = 2, DP = 3, EP = 4 };
+inline constexpr int kCommKinds = 5;
 const char* to_string(CommKind);
 
-enum class Collective { AllReduce, ReduceScatter, AllGather };
+/// AllToAll: the MoE token dispatch and combine, a permutation of tokens between ranks (no
+/// reduction: ReduceOp::none; nccl-tests size = the rank's send buffer).
+enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll };
 const char* to_string(Collective);
 
 /// Reduce operation of a collective (MATH.md section 2): TP partial outputs and input

@@ -18,6 +18,9 @@ const char* to_string(GroupKind k) {
     case GroupKind::DPxCP: return "DPxCP";
     case GroupKind::EMB: return "EMB";
     case GroupKind::MIRROR: return "MIRROR";
+    case GroupKind::EP: return "EP";
+    case GroupKind::ETP: return "ETP";
+    case GroupKind::EDP: return "EDP";
   }
   return "?";
 }
@@ -51,9 +54,57 @@ RankCoord RankGrid::coord_of(int64_t rank) const {
   return c;
 }
 
+ExpertCoord RankGrid::expert_coord_of(int64_t rank) const {
+  const RankCoord c = coord_of(rank);
+  const int64_t etp = l_.expert_tp(), ep = l_.ep;
+  int64_t i = c.tp + l_.tp * (c.cp + l_.cp * c.dp);  // index inside the stage
+  ExpertCoord e;
+  e.pp = c.pp;
+  e.etp = i % etp;
+  i /= etp;
+  e.ep = i % ep;
+  e.edp = i / ep;
+  return e;
+}
+
+std::string expert_layout_problem(const Layout& l, int64_t num_experts) {
+  const std::string eps = "layout.ep=" + std::to_string(l.ep);
+  if (l.ep < 1) return eps + " must be >= 1";
+  if (l.etp < 0) return "layout.etp=" + std::to_string(l.etp) + " must be >= 1 (or left out: = tp)";
+  if (num_experts <= 0) {
+    if (l.ep != 1) return eps + " needs a mixture-of-experts model (model.moe.num_experts > 0)";
+    if (l.etp > 0 && l.etp != l.tp)
+      return "layout.etp=" + std::to_string(l.etp) + " needs a mixture-of-experts model (model.moe.num_experts > 0)";
+    return "";
+  }
+  const int64_t etp = l.expert_tp();
+  if (num_experts % l.ep != 0)
+    return eps + " must divide model.moe.num_experts=" + std::to_string(num_experts) + " (each EP rank holds E / ep experts)";
+  const int64_t stage = l.tp * l.cp * l.dp;
+  if (etp * l.ep > stage || stage % (etp * l.ep) != 0)
+    return "layout.etp x layout.ep = " + std::to_string(etp) + " x " + std::to_string(l.ep) + " = " +
+           std::to_string(etp * l.ep) + " must divide the ranks of a pipeline stage, tp x cp x dp = " +
+           std::to_string(l.tp) + " x " + std::to_string(l.cp) + " x " + std::to_string(l.dp) + " = " +
+           std::to_string(stage) + " (Megatron-Core parallel folding)";
+  return "";
+}
+
 std::vector<int64_t> RankGrid::group_of(int64_t rank, GroupKind kind) const {
   const RankCoord base = coord_of(rank);
   std::vector<int64_t> out;
+  if (kind == GroupKind::EP || kind == GroupKind::ETP || kind == GroupKind::EDP) {
+    const ExpertCoord e = expert_coord_of(rank);
+    const int64_t etp = l_.expert_tp(), ep = l_.ep, edp = l_.edp();
+    const int64_t stage0 = base.pp * l_.tp * l_.cp * l_.dp;
+    auto at = [&](int64_t a, int64_t b, int64_t c) { return stage0 + a + etp * (b + ep * c); };
+    if (kind == GroupKind::ETP)
+      for (int64_t i = 0; i < etp; ++i) out.push_back(at(i, e.ep, e.edp));
+    else if (kind == GroupKind::EP)
+      for (int64_t i = 0; i < ep; ++i) out.push_back(at(e.etp, i, e.edp));
+    else
+      for (int64_t i = 0; i < edp; ++i) out.push_back(at(e.etp, e.ep, i));
+    return out;
+  }
   switch (kind) {
     case GroupKind::TP:
       for (int64_t i = 0; i < l_.tp; ++i) { RankCoord c = base; c.tp = i; out.push_back(rank_of(c)); }
@@ -95,6 +146,9 @@ std::vector<int64_t> RankGrid::group_of(int64_t rank, GroupKind kind) const {
       }
       break;
     }
+    case GroupKind::EP:
+    case GroupKind::ETP:
+    case GroupKind::EDP: break;  // above
   }
   return out;
 }
@@ -116,6 +170,9 @@ std::string describe_groups(const RankGrid& grid, int64_t gpus_per_node) {
     throw InputError("cluster.gpus_per_node=" + std::to_string(gpus_per_node) + " must be >= 1");
   std::vector<GroupKind> kinds = {GroupKind::TP, GroupKind::CP, GroupKind::DP, GroupKind::PP};
   if (grid.layout().cp > 1) kinds.push_back(GroupKind::DPxCP);  // equals DP when cp == 1
+  // Expert groups (parallel folding) where the layout has experts spread or sharded.
+  const bool experts = grid.layout().ep > 1 || grid.layout().expert_tp() != grid.layout().tp;
+  if (experts) kinds.insert(kinds.end(), {GroupKind::EP, GroupKind::ETP, GroupKind::EDP});
   std::ostringstream os;
   // At most this many groups per kind are listed; the rest are counted (a 16K-GPU layout
   // has thousands of groups, all alike).

@@ -18,11 +18,26 @@ namespace dtsim {
 /// DualPipe hold the same stages' parameters (each a copy) and sum their gradients
 /// (DeepSeek-V3 report Sec 3.2.1: "DualPipe requires keeping two copies of the model
 /// parameters"); with pp == 1 (or the middle rank of an odd pp) a rank is its own group.
-enum class GroupKind { TP, CP, DP, PP, DPxCP, EMB, MIRROR };
+/// EP, ETP, EDP: the expert groups of Megatron-Core's parallel folding (Liu et al. 2025,
+/// "MoE Parallel Folding", arXiv 2504.14960 Sec 3; megatron/core/parallel_state.py
+/// initialize_model_parallel builds expert groups with a second RankGenerator of order
+/// "tp-ep-dp-pp" over the same ranks): inside one pipeline stage the tp x cp x dp ranks,
+/// numbered i = tp + TP (cp + CP dp), are numbered again as
+///   i = etp + ETP (ep + EP edp),
+/// so ETP is innermost, then EP, then the expert-data-parallel index. EP: the ranks that
+/// exchange tokens (dispatch / combine AllToAll) and hold different experts; ETP: the ranks
+/// splitting one expert's GEMMs; EDP: the ranks holding the same experts, which average
+/// expert gradients (the expert counterpart of DPxCP).
+enum class GroupKind { TP, CP, DP, PP, DPxCP, EMB, MIRROR, EP, ETP, EDP };
 const char* to_string(GroupKind);
 
 struct RankCoord {
   int64_t tp = 0, cp = 0, dp = 0, pp = 0;
+};
+
+/// A rank's place in the expert grid of its stage (GroupKind EP comment).
+struct ExpertCoord {
+  int64_t etp = 0, ep = 0, edp = 0, pp = 0;
 };
 
 class RankGrid {
@@ -31,6 +46,7 @@ class RankGrid {
   int64_t world() const { return l_.dp * l_.tp * l_.cp * l_.pp; }
   int64_t rank_of(const RankCoord& c) const;
   RankCoord coord_of(int64_t rank) const;
+  ExpertCoord expert_coord_of(int64_t rank) const;
   /// Ranks sharing every coordinate with `rank` except `kind`'s, in ascending order.
   /// DPxCP is the gradient-reduction group (ranks holding the same weights).
   std::vector<int64_t> group_of(int64_t rank, GroupKind kind) const;
@@ -41,6 +57,13 @@ class RankGrid {
  private:
   Layout l_;
 };
+
+/// Empty when the layout's expert grid folds onto its ranks: etp x ep divides tp x cp x dp
+/// (Megatron-Core parallel_state.py: "decoder_world_size ... must be divisible by
+/// expert_tensor_model_pipeline_parallel_size"), ep divides the routed experts; otherwise the
+/// violated constraint, naming the layout keys. `num_experts` 0: a dense model, where ep and
+/// etp must stay at their defaults.
+std::string expert_layout_problem(const Layout& l, int64_t num_experts);
 
 /// Human-readable listing of every TP, CP, DP and PP group (for `dtsim run --show-groups`).
 std::string describe_groups(const RankGrid& grid, int64_t gpus_per_node);

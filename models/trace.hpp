@@ -15,7 +15,7 @@ namespace dtsim {
 /// while it computes), so they are async slices (TraceEvent::async_id), sends on `pp`,
 /// receives on `pp_recv`; `pp`'s complete slices are PP collectives (the tied-embedding
 /// gradient AllReduce).
-enum class TraceStream { compute = 0, tp = 1, cp = 2, pp = 3, dp = 4, pp_recv = 5 };
+enum class TraceStream { compute = 0, tp = 1, cp = 2, pp = 3, dp = 4, pp_recv = 5, ep = 6 };
 const char* to_string(TraceStream);
 
 struct TraceEvent {

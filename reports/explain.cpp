@@ -11,6 +11,7 @@
 
 #include "models/errors.hpp"
 #include "models/flops.hpp"
+#include "models/moe.hpp"
 #include "models/memory.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/schedules/schedule.hpp"
@@ -89,7 +90,10 @@ const char* dimension_of(const Op& op, const Layout& l) {
   // The tied word embedding's gradient AllReduce between the first and the last pipeline
   // stage exists because PP splits the tied embedding: it belongs to PP, not to DP.
   if (op.group == GroupKind::EMB || op.group == GroupKind::MIRROR) return "PP";
+  // Routed experts' gradients and parameters move over the expert-data-parallel group.
+  if (op.group == GroupKind::EDP) return "EDP";
   switch (op.kind) {
+    case CommKind::EP: return "EP";
     case CommKind::TP: return "TP";
     case CommKind::CP: return "CP";
     case CommKind::PP: return "PP";
@@ -492,6 +496,37 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                                    tr.seq_len / l.cp, tr.seq_len)
                      : "whole sequences (no context parallelism)",
             GroupKind::CP);
+  if (m.moe.enabled()) {
+    // Experts (models/blocks/moe.hpp, models/moe.hpp): parallel folding regroups the stage's
+    // ranks as ETP x EP x EDP (models/rank_grid.hpp).
+    const int64_t etp = l.expert_tp(), edp = l.edp();
+    const MoeTokens tk = moe_tokens(exp, static_cast<double>(tr.micro_batch));
+    dim_block("EP", l.ep, "experts",
+              fmt::format("{} of {} routed experts of each MoE layer ({} moe_ffn columns of {} each with ETP {}); its "
+                          "{:.0f} tokens per micro-batch pick top-{} and travel to the experts' ranks",
+                          m.moe.num_experts / l.ep, m.moe.num_experts, m.moe.moe_ffn_hidden / etp, m.moe.moe_ffn_hidden,
+                          etp, tk.tokens, m.moe.router_topk),
+              GroupKind::EP);
+    os << "    why       dispatch and combine are AllToAll: a permutation of token rows between ranks, not a reduction\n"
+          "              (no SUM or AVG); the weighted sum of a token's top-k expert outputs (router probabilities)\n"
+          "              happens after the combine, on the token's own rank\n";
+    os << fmt::format("    load      busiest EP rank at {:.3f} x the mean tokens (model.moe.load_balancing={}{}): it sets the\n"
+                      "              grouped GEMM and AllToAll time of every rank of its group\n",
+                      tk.load, to_string(m.moe.balance),
+                      m.moe.capacity_factor > 0 ? fmt::format(", capacity factor {}", m.moe.capacity_factor) : std::string());
+    os << fmt::format("  EDP = {}   expert data parallel: ranks holding the same experts = tp x cp x dp / (etp x ep)\n", edp);
+    const auto edp_rows = dim_rows("EDP");
+    std::set<std::string> kinds;
+    for (const auto* r : edp_rows)
+      kinds.insert(collective_text(*r) + (r->reduce != ReduceOp::none ? std::string(" ") + to_string(r->reduce) : ""));
+    std::string talks;
+    for (const auto& k : kinds) talks += (talks.empty() ? "" : ", ") + k;
+    os << fmt::format("    talks     {}\n", talks.empty() ? std::string("nothing (EDP = 1)") : talks);
+    os << fmt::format("    group     {} of rank 0\n", format_rank_list(grid.group_of(0, GroupKind::EDP)));
+    os << "    why       expert weight gradients are reduced over EDP, not over DP x CP: only these ranks hold the same\n"
+          "              experts; each already sums its EP group's tokens, so the SUM over EDP scaled by 1/(DP x CP)\n"
+          "              (Megatron-Core expert_gradient_scaling_factor) is the full-batch mean. Dense gradients: DP x CP.\n";
+  }
   {
     const int64_t per = stage_layer_count(m, l, 0);
     int64_t lo = per, hi = per;
@@ -649,6 +684,8 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
     std::vector<std::pair<GroupKind, std::string>> kinds = {
         {GroupKind::TP, "TP"}, {GroupKind::CP, "CP"}, {GroupKind::DP, "DP"}, {GroupKind::PP, "PP"}};
     if (l.cp > 1) kinds.push_back({GroupKind::DPxCP, "DPxCP"});
+    if (m.moe.enabled())
+      kinds.insert(kinds.end(), {{GroupKind::EP, "EP"}, {GroupKind::ETP, "ETP"}, {GroupKind::EDP, "EDP"}});
     constexpr size_t kListed = 4;
     for (const auto& [k, name] : kinds) {
       const auto gs = grid.groups(k);

@@ -6,9 +6,9 @@ namespace dtsim {
 
 namespace {
 
-// The four kinds always appear, in this order of meaning, even when a kind is unused
-// (size 1): consumers can index comm.TP without checking.
-constexpr const char* kCommKinds[] = {"TP", "CP", "PP", "DP"};
+// The five kinds always appear, in this order of meaning, even when a kind is unused
+// (size 1, or EP in a dense model): consumers can index comm.TP or comm.EP without checking.
+constexpr const char* kCommKinds[] = {"TP", "CP", "PP", "DP", "EP"};
 
 nlohmann::json comm_json(const CommStats& c) {
   // A whole count prints as an integer; the step-level mean over stages may be fractional

@@ -14,7 +14,7 @@ namespace dtsim {
 
 namespace {
 
-constexpr const char* kCommKinds[] = {"TP", "CP", "PP", "DP"};
+constexpr const char* kCommKinds[] = {"TP", "CP", "PP", "DP", "EP"};
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 /// 1234567.8 -> "1,234,568".
@@ -174,17 +174,17 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   }
   // --- critical path per stage: where each stage's step time went --------------------
   o += '\n';
-  fmt::format_to(out, "  critical path per stage (compute + slowdown + exposed TP/CP/PP/DP + bubble = step time)\n");
-  fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "compute", "slowdown", "TP",
-                 "CP", "PP", "DP", "bubble");
+  fmt::format_to(out, "  critical path per stage (compute + slowdown + exposed TP/CP/PP/DP/EP + bubble = step time)\n");
+  fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "compute", "slowdown", "TP",
+                 "CP", "PP", "DP", "EP", "bubble");
   for (const auto& s : r.stages) {
     auto exposed = [&](const char* k) {
       auto it = s.comm.find(k);
       return format_duration(it == s.comm.end() ? 0.0 : it->second.exposed_s);
     };
-    fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", s.stage, format_duration(s.compute_s),
-                   format_duration(s.slowdown_s), exposed("TP"), exposed("CP"), exposed("PP"), exposed("DP"),
-                   format_duration(s.bubble_s));
+    fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", s.stage,
+                   format_duration(s.compute_s), format_duration(s.slowdown_s), exposed("TP"), exposed("CP"),
+                   exposed("PP"), exposed("DP"), exposed("EP"), format_duration(s.bubble_s));
   }
   const auto oom = std::count_if(r.stages.begin(), r.stages.end(), [](const StageResult& s) { return !s.memory.fits; });
   if (oom > 0)

@@ -12,6 +12,7 @@ const char* to_string(TraceStream s) {
     case TraceStream::pp: return "PP send / collective";
     case TraceStream::pp_recv: return "PP recv";
     case TraceStream::dp: return "DP comm";
+    case TraceStream::ep: return "EP comm";
   }
   return "?";
 }
@@ -24,7 +25,7 @@ nlohmann::json trace_to_json(const Trace& trace) {
     events.push_back({{"ph", "M"}, {"pid", p.rank}, {"tid", 0}, {"name", "process_name"}, {"args", {{"name", label}}}});
     events.push_back(
         {{"ph", "M"}, {"pid", p.rank}, {"tid", 0}, {"name", "process_sort_index"}, {"args", {{"sort_index", p.rank}}}});
-    for (int s = 0; s <= static_cast<int>(TraceStream::pp_recv); ++s)
+    for (int s = 0; s <= static_cast<int>(TraceStream::ep); ++s)
       events.push_back({{"ph", "M"},
                         {"pid", p.rank},
                         {"tid", s},

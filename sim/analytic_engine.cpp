@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <string_view>
 #include <unordered_map>
 
+#include "models/blocks/layer.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
@@ -28,6 +30,7 @@ constexpr int kTP = static_cast<int>(CommKind::TP);
 constexpr int kCP = static_cast<int>(CommKind::CP);
 constexpr int kPP = static_cast<int>(CommKind::PP);
 constexpr int kDP = static_cast<int>(CommKind::DP);
+constexpr int kEP = static_cast<int>(CommKind::EP);
 
 /// Advances the compute stream from `t` by `work` seconds of kernels, slowed to `speed`
 /// while a communication stream is busy (until `busy_until`). Returns the new time.
@@ -113,15 +116,23 @@ struct AnalyticEngine::Shape {
     double compute = 0;  // kernel time at full speed
     std::array<double, kCommKinds> total{}, exposed{};
   };
-  Seg emb_f, layer_f, head_f, head_b, layer_b, emb_b;
+  Seg emb_f, head_f, head_b, emb_b;
+  /// One layer of each kind (models/blocks/layer_kind.hpp: dense / MoE x full / local
+  /// attention), from its own one-layer proxy; `present` for the kinds the model has.
+  struct Layer {
+    bool present = false;
+    Seg f, b;
+    double w = 0;                 // W part of b (weight-gradient compute)
+    blocks::RankParams params;    // on one rank: dense (DP x CP) and routed experts (EDP)
+  };
+  std::array<Layer, blocks::kLayerKinds> layer;
   /// Compute seconds of the weight-gradient ops (Op::pass W when split: the *_wgrad GEMMs and
-  /// the embedding's scatter-add) inside layer_b, head_b and emb_b: the W of a split backward.
-  double layer_w = 0, head_w = 0, emb_w = 0;
+  /// the embedding's scatter-add) inside head_b and emb_b: the W of a split backward.
+  double head_w = 0, emb_w = 0;
   double adam_bytes_per_param = 0;  // HBM bytes the fused Adam moves per owned parameter
   int32_t adam_kernels = 1;
   double p2p_bytes = 0;             // one pipeline send
   double recv_tp_allgather_s = 0;   // TP AllGather after each receive without SP
-  double layer_params_rank = 0;     // parameters of one layer on one TP rank
 };
 
 namespace {
@@ -153,168 +164,203 @@ Experiment AnalyticEngine::experiment(const Layout& layout, int64_t micro_batch)
 
 const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) {
   const bool sp = l.sequence_parallel && l.tp > 1;
-  const auto key = std::make_tuple(l.tp, l.cp, mb, static_cast<int>(l.recompute), sp);
+  const auto key = std::make_tuple(l.tp, l.cp, mb, static_cast<int>(l.recompute), sp, l.ep, l.expert_tp());
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
 
-  // One-layer proxy: same widths, GPU and training options; one micro-batch; the TP x CP
-  // ranks of one stage on one node (only its ops are read; collective times come from the
-  // real cluster below).
-  Experiment px = base_;
-  px.model.layers = 1;
-  px.layout = Layout{};
-  px.layout.tp = l.tp;
-  px.layout.cp = l.cp;
-  px.layout.sequence_parallel = l.sequence_parallel;
-  px.layout.recompute = l.recompute;
-  px.training.micro_batch = mb;
-  px.training.global_batch = mb;
-  px.cluster.nodes = 1;
-  px.cluster.gpus_per_node = l.tp * l.cp;
-  px.cluster.nics_per_node = 1;
-  px.cluster.fabric = "non-blocking";
-  const StepPlan plan = build_step_plan(px);
-  const StagePlan& st = plan.stages.front();
-
   Comm& comm = *comm_;
   const double speed = comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference);
+  // Collective times from the real cluster, for the groups of stage 0's first rank: TP (ranks
+  // 1 apart), CP (tp apart), the expert groups of parallel folding (models/rank_grid.hpp):
+  // ETP (1 apart), EP (etp apart). The proxy has no DP or PP groups.
+  const int64_t etp = l.expert_tp();
   auto comm_time = [&](const Op& op) {
     switch (op.group) {
       case GroupKind::TP: return comm.collective(op.collective, l.tp, 1, op.size_bytes);
       case GroupKind::CP: return comm.collective(op.collective, l.cp, l.tp, op.size_bytes);
-      default: return 0.0;  // the proxy has no DP or PP groups
+      case GroupKind::ETP: return comm.collective(op.collective, etp, 1, op.size_bytes);
+      case GroupKind::EP: return comm.collective(op.collective, l.ep, etp, op.size_bytes);
+      default: return 0.0;
     }
   };
 
   auto sh = std::make_unique<Shape>();
-  enum Where { EF, LF, HF, HB, LB, EB, OPT };
-  Shape::Seg* segs[] = {&sh->emb_f, &sh->layer_f, &sh->head_f, &sh->head_b, &sh->layer_b, &sh->emb_b, nullptr};
-  // Replays one segment's ops on one rank: compute stream + one in-order stream per kind.
-  struct Replay {
-    double t = 0;
-    std::array<double, kCommKinds> free{};
-    std::vector<double> done;
-    Shape::Seg seg;
-  };
-  std::array<Replay, 7> rp;
-  for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
-  bool seen_fwd = false, seen_bwd = false;
-  for (size_t i = 0; i < st.ops.size(); ++i) {
-    const Op& op = st.ops[i];
-    Where w;
-    if (op.phase == Phase::optimizer) w = OPT;
-    else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
-    else if (op.layer >= 0) w = LB, seen_bwd = true;
-    else if (!seen_fwd) w = EF;
-    else if (!seen_bwd) w = op.phase == Phase::forward ? HF : HB;
-    else w = EB;
-    Replay& r = rp[w];
-    const int k = static_cast<int>(op.kind);
-    auto busy_until = [&] {
-      double busy = 0;
-      for (double f : r.free) busy = std::max(busy, f);
-      return busy;
+  const auto kinds = model_layer_kinds(base_.model);
+  bool edges_done = false;
+  for (int kind = 0; kind < blocks::kLayerKinds; ++kind) {
+    if (kinds[static_cast<size_t>(kind)] == 0) continue;
+    // One-layer proxy of this layer kind: same widths, GPU and training options; one
+    // micro-batch; the ranks of one stage that its groups need (TP x CP, and for experts
+    // enough DP ranks that etp x ep divides them) on one node (only its ops are read;
+    // collective times come from the real cluster above).
+    Experiment px = base_;
+    px.model.layers = 1;
+    if (px.model.moe.enabled()) {
+      px.model.moe.first_k_dense = 0;
+      px.model.moe.layer_freq = 1;
+      px.model.moe.layer_pattern = {static_cast<uint8_t>(kind & 1)};
+    }
+    if (px.model.attention.window > 0) px.model.attention.window_pattern = {static_cast<uint8_t>((kind & 2) ? 1 : 0)};
+    const int64_t tpcp = l.tp * l.cp;
+    const int64_t experts = px.model.moe.enabled() ? etp * l.ep : 1;
+    const int64_t dp = std::lcm(tpcp, experts) / tpcp;
+    px.layout = Layout{};
+    px.layout.tp = l.tp;
+    px.layout.cp = l.cp;
+    px.layout.dp = dp;
+    px.layout.ep = px.model.moe.enabled() ? l.ep : 1;
+    px.layout.etp = px.model.moe.enabled() ? l.etp : 0;
+    px.layout.sequence_parallel = l.sequence_parallel;
+    px.layout.recompute = l.recompute;
+    px.training.micro_batch = mb;
+    px.training.global_batch = mb * dp;
+    px.cluster.nodes = 1;
+    px.cluster.gpus_per_node = tpcp * dp;
+    px.cluster.nics_per_node = 1;
+    px.cluster.fabric = "non-blocking";
+    const StepPlan plan = build_step_plan(px);
+    const StagePlan& st = plan.stages.front();
+
+    Shape::Layer& ly = sh->layer[static_cast<size_t>(kind)];
+    ly.present = true;
+    enum Where { EF, LF, HF, HB, LB, EB, OPT };
+    Shape::Seg edge_scratch[4];
+    Shape::Seg* segs[] = {edges_done ? &edge_scratch[0] : &sh->emb_f, &ly.f, edges_done ? &edge_scratch[1] : &sh->head_f,
+                          edges_done ? &edge_scratch[2] : &sh->head_b, &ly.b, edges_done ? &edge_scratch[3] : &sh->emb_b,
+                          nullptr};
+    double head_w = 0, emb_w = 0;
+    // Replays one segment's ops on one rank: compute stream + one in-order stream per kind.
+    struct Replay {
+      double t = 0;
+      std::array<double, kCommKinds> free{};
+      std::vector<double> done;
+      Shape::Seg seg;
     };
-    // TP communication overlap (Op::overlap_splits, models/plan.hpp), as the DES engine.
-    const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
-    if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather && next &&
-        next->type == OpType::compute) {
-      const double n = op.overlap_splits, g = next->time_s;
-      const double c = comm_time(op);
-      const double done = std::max(r.t, r.free[k]) + c;  // copy engines: no slowdown
-      r.seg.total[k] += c;
-      r.t += g * (n - 1) / n;
-      if (done > r.t) r.seg.exposed[k] += done - r.t, r.t = done;
-      r.t += g / n;
-      r.seg.compute += g;
-      ++i;
-      continue;
-    }
-    if (op.type == OpType::compute && next && next->type == OpType::collective && next->overlap_splits > 1 &&
-        next->collective == Collective::ReduceScatter) {
-      const double m = next->overlap_splits, g = op.time_s;
-      r.t = advance(r.t, g / m, busy_until(), speed);
-      Op part = *next;
-      part.size_bytes = next->size_bytes * (m - 1) / m;
-      const double c = comm_time(part);
-      r.free[k] = std::max(r.t, r.free[k]) + c;
-      r.seg.total[k] += c;
-      r.t = advance(r.t, g * (m - 1) / m, busy_until(), speed);
-      if (r.free[k] > r.t) r.seg.exposed[k] += r.free[k] - r.t, r.t = r.free[k];
-      part.size_bytes = next->size_bytes / m;
-      const double last = comm_time(part);
-      r.t += last;
-      r.seg.total[k] += last;
-      r.seg.exposed[k] += last;
-      r.seg.compute += g;
-      ++i;
-      continue;
-    }
-    auto issue_op = [&](const Op& x) {
-      const double c = comm_time(x);
-      const int kx = static_cast<int>(x.kind);
-      const double start = std::max(r.t, r.free[kx]);
-      r.free[kx] = start + c;
-      if (x.handle >= 0) r.done[static_cast<size_t>(x.handle)] = r.free[kx];
-      r.seg.total[kx] += c;
-    };
-    // CP ring attention (a wait with Op::overlap_splits), as the DES engine.
-    if (op.type == OpType::wait && op.overlap_splits > 2) {
-      size_t j = i + 1;
-      if (j < st.ops.size() && st.ops[j].type == OpType::issue) issue_op(st.ops[j++]);
-      if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
-        const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
-        r.t = advance(r.t, g * (blocks - 1) / blocks, busy_until(), speed);
-        const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
-        if (end > r.t) r.seg.exposed[k] += end - r.t, r.t = end;
-        r.t = advance(r.t, g / blocks, busy_until(), speed);
-        r.seg.compute += g;
-        i = j;
-        continue;
-      }
-    }
-    switch (op.type) {
-      case OpType::compute: {
-        if ((w == LB || w == HB || w == EB) && is_weight_gradient(op))
-          (w == LB ? sh->layer_w : w == HB ? sh->head_w : sh->emb_w) += op.time_s;
-        if (w == OPT) {
-          if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
-          sh->adam_kernels = op.kernels;
-          break;
-        }
+    std::array<Replay, 7> rp;
+    for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
+    bool seen_fwd = false, seen_bwd = false;
+    for (size_t i = 0; i < st.ops.size(); ++i) {
+      const Op& op = st.ops[i];
+      Where w;
+      if (op.phase == Phase::optimizer) w = OPT;
+      else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
+      else if (op.layer >= 0) w = LB, seen_bwd = true;
+      else if (!seen_fwd) w = EF;
+      else if (!seen_bwd) w = op.phase == Phase::forward ? HF : HB;
+      else w = EB;
+      Replay& r = rp[w];
+      const int k = static_cast<int>(op.kind);
+      auto busy_until = [&] {
         double busy = 0;
         for (double f : r.free) busy = std::max(busy, f);
-        r.t = advance(r.t, op.time_s, busy, speed);
-        r.seg.compute += op.time_s;
-        break;
-      }
-      case OpType::collective: {
+        return busy;
+      };
+      // TP communication overlap (Op::overlap_splits, models/plan.hpp), as the DES engine.
+      const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
+      if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather && next &&
+          next->type == OpType::compute) {
+        const double n = op.overlap_splits, g = next->time_s;
         const double c = comm_time(op);
-        r.t += c;
+        const double done = std::max(r.t, r.free[k]) + c;  // copy engines: no slowdown
         r.seg.total[k] += c;
-        r.seg.exposed[k] += c;
-        break;
+        r.t += g * (n - 1) / n;
+        if (done > r.t) r.seg.exposed[k] += done - r.t, r.t = done;
+        r.t += g / n;
+        r.seg.compute += g;
+        ++i;
+        continue;
       }
-      case OpType::issue:
-        issue_op(op);
-        break;
-      case OpType::wait: {
-        const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
-        if (end > r.t) {
-          r.seg.exposed[k] += end - r.t;
-          r.t = end;
+      if (op.type == OpType::compute && next && next->type == OpType::collective && next->overlap_splits > 1 &&
+          next->collective == Collective::ReduceScatter) {
+        const double m = next->overlap_splits, g = op.time_s;
+        r.t = advance(r.t, g / m, busy_until(), speed);
+        Op part = *next;
+        part.size_bytes = next->size_bytes * (m - 1) / m;
+        const double c = comm_time(part);
+        r.free[k] = std::max(r.t, r.free[k]) + c;
+        r.seg.total[k] += c;
+        r.t = advance(r.t, g * (m - 1) / m, busy_until(), speed);
+        if (r.free[k] > r.t) r.seg.exposed[k] += r.free[k] - r.t, r.t = r.free[k];
+        part.size_bytes = next->size_bytes / m;
+        const double last = comm_time(part);
+        r.t += last;
+        r.seg.total[k] += last;
+        r.seg.exposed[k] += last;
+        r.seg.compute += g;
+        ++i;
+        continue;
+      }
+      auto issue_op = [&](const Op& x) {
+        const double c = comm_time(x);
+        const int kx = static_cast<int>(x.kind);
+        const double start = std::max(r.t, r.free[kx]);
+        r.free[kx] = start + c;
+        if (x.handle >= 0) r.done[static_cast<size_t>(x.handle)] = r.free[kx];
+        r.seg.total[kx] += c;
+      };
+      // CP ring attention (a wait with Op::overlap_splits), as the DES engine.
+      if (op.type == OpType::wait && op.overlap_splits > 2) {
+        size_t j = i + 1;
+        if (j < st.ops.size() && st.ops[j].type == OpType::issue) issue_op(st.ops[j++]);
+        if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
+          const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
+          r.t = advance(r.t, g * (blocks - 1) / blocks, busy_until(), speed);
+          const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
+          if (end > r.t) r.seg.exposed[k] += end - r.t, r.t = end;
+          r.t = advance(r.t, g / blocks, busy_until(), speed);
+          r.seg.compute += g;
+          i = j;
+          continue;
         }
-        break;
       }
-      case OpType::send:
-      case OpType::recv: break;  // pp = 1 in the proxy
+      switch (op.type) {
+        case OpType::compute: {
+          if ((w == LB || w == HB || w == EB) && is_weight_gradient(op))
+            (w == LB ? ly.w : w == HB ? head_w : emb_w) += op.time_s;
+          if (w == OPT) {
+            if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
+            sh->adam_kernels = op.kernels;
+            break;
+          }
+          double busy = 0;
+          for (double f : r.free) busy = std::max(busy, f);
+          r.t = advance(r.t, op.time_s, busy, speed);
+          r.seg.compute += op.time_s;
+          break;
+        }
+        case OpType::collective: {
+          const double c = comm_time(op);
+          r.t += c;
+          r.seg.total[k] += c;
+          r.seg.exposed[k] += c;
+          break;
+        }
+        case OpType::issue:
+          issue_op(op);
+          break;
+        case OpType::wait: {
+          const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
+          if (end > r.t) {
+            r.seg.exposed[k] += end - r.t;
+            r.t = end;
+          }
+          break;
+        }
+        case OpType::send:
+        case OpType::recv: break;  // pp = 1 in the proxy
+      }
     }
+    for (int w = 0; w < OPT; ++w) {
+      rp[w].seg.time = rp[w].t;
+      *segs[w] = rp[w].seg;
+    }
+    if (!edges_done) sh->head_w = head_w, sh->emb_w = emb_w;
+    edges_done = true;
+    const blocks::ModelBlocks mbk(base_.model);
+    const blocks::Layer& lay = mbk.kind(kind);
+    ly.params = {lay.parameters_per_tp_rank(base_.model, l.tp),
+                 lay.parameters(base_.model).expert_weights / d(l.ep * etp)};
   }
-  for (int w = 0; w < OPT; ++w) {
-    rp[w].seg.time = rp[w].t;
-    *segs[w] = rp[w].seg;
-  }
-  sh->layer_params_rank = layer_parameters_per_tp_rank(base_.model, l.tp);
   // Pipeline messages (Megatron scatter/gather: 1/t of the activation, plan.cpp p2p).
   const double act = 2.0 * d(mb) * d(base_.training.seq_len / l.cp) * d(base_.model.hidden);
   sh->p2p_bytes = act / d(l.tp);
@@ -370,16 +416,53 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
                                    : std::max(40e6, 1e6 * d(dpcp));  // plan.cpp Megatron-Core bucket rule
   auto dp_ring = [&](Collective coll, double bytes) { return comm.collective(coll, dpcp, l.tp, bytes); };
 
-  // ZeRO-3: every layer gathers its parameters (forward and backward) and reduce-scatters
-  // its gradients per micro-batch on the DP stream, prefetched one layer ahead.
-  double lf = sh.layer_f.time, lb = sh.layer_b.time;
-  double z3_ag = 0, z3_rs = 0;
-  if (l.zero_stage == 3 && dpcp > 1) {
-    z3_ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
-    z3_rs = dp_ring(Collective::ReduceScatter, sh.layer_params_rank * grad_bytes);
-    lf = overlap(sh.layer_f.time, z3_ag, speed);
-    lb = overlap(sh.layer_b.time, z3_ag + z3_rs, speed);
+  // Routed experts' gradients and parameters move over the expert-data-parallel group
+  // (models/rank_grid.hpp; plan.cpp expert_grads_ready): ranks etp x ep apart in the stage.
+  const int64_t edp = l.edp();
+  auto edp_ring = [&](Collective coll, double bytes) {
+    return edp > 1 ? comm.collective(coll, edp, l.expert_tp() * l.ep, bytes) : 0.0;
+  };
+  // Per layer kind (models/blocks/layer_kind.hpp): forward and backward wall time of one layer
+  // and, with ZeRO-3, its parameter gather and gradient ReduceScatter on the DP stream
+  // (every layer gathers its parameters in forward and backward, prefetched one layer ahead;
+  // a MoE layer's experts over EDP besides).
+  struct KindTime {
+    double lf = 0, lb = 0, ag = 0, rs = 0;
+  };
+  std::array<KindTime, blocks::kLayerKinds> kt{};
+  for (int k = 0; k < blocks::kLayerKinds; ++k) {
+    const Shape::Layer& L = sh.layer[static_cast<size_t>(k)];
+    if (!L.present) continue;
+    KindTime& x = kt[static_cast<size_t>(k)];
+    x.lf = L.f.time;
+    x.lb = L.b.time;
+    if (l.zero_stage == 3 && dpcp > 1) {
+      x.ag = dp_ring(Collective::AllGather, L.params.dense * 2.0) + edp_ring(Collective::AllGather, L.params.expert * 2.0);
+      x.rs = dp_ring(Collective::ReduceScatter, L.params.dense * grad_bytes) +
+             edp_ring(Collective::ReduceScatter, L.params.expert * grad_bytes);
+      x.lf = overlap(L.f.time, x.ag, speed);
+      x.lb = overlap(L.b.time, x.ag + x.rs, speed);
+    }
   }
+  // Layers of each kind per pipeline rank.
+  std::vector<std::array<int64_t, blocks::kLayerKinds>> rank_kinds;
+  for (int64_t s = 0; s < p; ++s) rank_kinds.push_back(stage_layer_kinds(model, l, s));
+  // Sum of fn(kind) over the layers counted in n.
+  auto over = [&](const std::array<int64_t, blocks::kLayerKinds>& n, auto fn) {
+    double x = 0;
+    for (int k = 0; k < blocks::kLayerKinds; ++k)
+      if (n[static_cast<size_t>(k)] > 0) x += d(n[static_cast<size_t>(k)]) * fn(k);
+    return x;
+  };
+  auto L_ = [&](int k) -> const Shape::Layer& { return sh.layer[static_cast<size_t>(k)]; };
+  auto K_ = [&](int k) -> const KindTime& { return kt[static_cast<size_t>(k)]; };
+  auto stage_sum = [&](int64_t s, auto fn) { return over(rank_kinds[static_cast<size_t>(s)], fn); };
+  // The mean layer of rank s (for the per-chunk terms of ZeRO-3 and overlap_param_gather).
+  auto stage_mean = [&](int64_t s, auto fn) {
+    const double n = layers_of(s);
+    return n > 0 ? stage_sum(s, fn) / n : 0.0;
+  };
+  auto layer_params_of = [&](int64_t s) { return stage_sum(s, [&](int k) { return L_(k).params.total(); }); };
 
   const double t_p2p = p > 1 ? comm.p2p(0, stage_size, sh.p2p_bytes) : 0.0;
   const double ptag = sh.recv_tp_allgather_s;
@@ -388,7 +471,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // stage's embedding and the last stage's head (final norm + LM head or its tied copy).
   auto edge_params = [&](int64_t s) {
     const bool first = is_first(s), last = is_last(s);
-    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layers_of(s) * sh.layer_params_rank;
+    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layer_params_of(s);
     double head = 0;
     if (first && last)
       head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
@@ -406,14 +489,16 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   double w_max = 0, w_sum = 0;
   for (int64_t s = 0; s < p; ++s) {
     const bool first = is_first(s), last = is_last(s);
-    const double layers_rank = layers_of(s);
     const auto [recv_f, recv_b] = remote_recvs(s);
-    double f = layers_rank * lf + (first ? sh.emb_f.time : 0.0) + (last ? sh.head_f.time : 0.0) + recv_f * ptag;
-    double b = layers_rank * lb + (last ? sh.head_b.time : 0.0) + (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
+    double f = stage_sum(s, [&](int k) { return K_(k).lf; }) + (first ? sh.emb_f.time : 0.0) +
+               (last ? sh.head_f.time : 0.0) + recv_f * ptag;
+    double b = stage_sum(s, [&](int k) { return K_(k).lb; }) + (last ? sh.head_b.time : 0.0) +
+               (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
     if (l.zero_stage == 3 && dpcp > 1) {
       const auto [emb, head] = edge_params(s);
       const double rs_emb = first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0;
       const double rs_head = last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0;
+      const double z3_ag = stage_mean(s, [&](int k) { return K_(k).ag; });
       z3_edge[static_cast<size_t>(s)] = 2.0 * d(v) * z3_ag + rs_emb + rs_head;
       f += d(v) * z3_ag + rs_emb;
       b += d(v) * z3_ag + rs_head;
@@ -439,12 +524,12 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     for (int64_t s = 0; s < p; ++s)
       for (int64_t c = 0; c < sch.chunks(dims); ++c) {
         const VirtualStage vs = virtual_stage(model.layers, l, sch.virtual_stage(dims, s, c));
-        const double n = d(vs.layers);
+        const auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
         const bool recv_fwd = !sch.first(dims, s, c), recv_bwd = !sch.last(dims, s, c);
         sched::ChunkCosts cc;
-        cc.f = n * lf + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0);
-        cc.w = n * sh.layer_w + (vs.loss ? sh.head_w : 0.0) + (vs.embedding ? sh.emb_w : 0.0);
-        cc.b = n * lb + (vs.loss ? sh.head_b.time : 0.0) + (vs.embedding ? sh.emb_b.time : 0.0) + (recv_bwd ? ptag : 0.0) - cc.w;
+        cc.f = over(nk, [&](int k) { return K_(k).lf; }) + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0);
+        cc.w = over(nk, [&](int k) { return L_(k).w; }) + (vs.loss ? sh.head_w : 0.0) + (vs.embedding ? sh.emb_w : 0.0);
+        cc.b = over(nk, [&](int k) { return K_(k).lb; }) + (vs.loss ? sh.head_b.time : 0.0) + (vs.embedding ? sh.emb_b.time : 0.0) + (recv_bwd ? ptag : 0.0) - cc.w;
         costs[static_cast<size_t>(s)].push_back(cc);
       }
     t_pipe = sched::time_order(sch, dims, sch.order(dims), costs, t_p2p).makespan;
@@ -452,8 +537,14 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
 
   // Distributed optimizer with overlap_param_gather: each layer's gather before its first
   // forward; the first of a chunk waits whole, later ones only past the previous layer.
+  // The model's mean layer (a MoE model's layers differ; its experts gather over EDP).
+  const auto model_kinds = model_layer_kinds(model);
+  auto model_mean = [&](auto fn) { return over(model_kinds, fn) / d(model.layers); };
   if ((l.zero_stage == 1 || l.zero_stage == 2) && dpcp > 1 && tr.overlap_param_gather) {
-    const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
+    const double ag = model_mean([&](int k) {
+      return dp_ring(Collective::AllGather, L_(k).params.dense * 2.0) + edp_ring(Collective::AllGather, L_(k).params.expert * 2.0);
+    });
+    const double layer_f = model_mean([&](int k) { return L_(k).f.time; });
     // Each chunk by its own layer count (models/pipeline_split.hpp), chunks of equal count
     // together; a chunk without layers gathers nothing.
     std::map<int64_t, int64_t> chunks_by_layers;
@@ -464,7 +555,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     for (const auto& [chunk_layers, count] : chunks_by_layers) {
       if (chunk_layers == 0) continue;
       const double per_chunk =
-          ag + std::max(0.0, d(chunk_layers) - 1.0) * (overlap(sh.layer_f.time, ag, speed) - sh.layer_f.time);
+          ag + std::max(0.0, d(chunk_layers) - 1.0) * (overlap(layer_f, ag, speed) - layer_f);
       t_pipe += d(count) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
     }
   }
@@ -487,6 +578,9 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const bool first = is_first(s), last = is_last(s);
     const double layers_rank = layers_of(s);
     const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
+    const double expert_params = stage_sum(s, [&](int k) { return L_(k).params.expert; });
+    const double dense_params = params - expert_params;
+    const double layer_params = layer_params_of(s);
     const double end_bwd = t_pipe - chain;
     chain += B[static_cast<size_t>(s)] / d(v) + t_p2p;
 
@@ -495,14 +589,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     double dp_in_pipe = 0;  // part of dp_exposed already inside F and B (ZeRO-3), not added again
     if (dpcp > 1) {
       if (l.zero_stage == 3) {
-        const double layers_mb = layers_rank;
-        dp_total = m_rank * layers_mb * (2.0 * z3_ag + z3_rs);
-        dp_exposed = m_rank * (layers_mb * (lf - sh.layer_f.time + lb - sh.layer_b.time) + z3_edge[static_cast<size_t>(s)]);
+        dp_total = m_rank * stage_sum(s, [&](int k) { return 2.0 * K_(k).ag + K_(k).rs; });
+        dp_exposed = m_rank * (stage_sum(s, [&](int k) { return K_(k).lf - L_(k).f.time + K_(k).lb - L_(k).b.time; }) +
+                               z3_edge[static_cast<size_t>(s)]);
         dp_in_pipe = dp_exposed;
         // Embedding / head gradients are reduce-scattered after their backward; the last one
         // of the step is exposed.
-        const double edge = params - layers_rank * sh.layer_params_rank;
-        const double tail = dp_ring(Collective::ReduceScatter, std::max(edge, sh.layer_params_rank) * grad_bytes);
+        const double edge = params - layer_params;
+        const double mean_layer = layers_rank > 0 ? dense_params / layers_rank : 0.0;
+        const double tail = dp_ring(Collective::ReduceScatter, std::max(edge, mean_layer) * grad_bytes);
         dp_total += m_rank * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
         dp_exposed += tail;
       } else {
@@ -512,32 +607,34 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         const Collective coll = gs.collective;
         if (!tr.overlap_grad_reduce) {
           // Blocking, once per reducing micro-batch (plan.cpp flush_pending).
-          dp_total = (gs.every_micro_batch ? m_rank : 1.0) * dp_ring(coll, params * grad_bytes);
+          dp_total = (gs.every_micro_batch ? m_rank : 1.0) *
+                     (dp_ring(coll, dense_params * grad_bytes) + edp_ring(coll, expert_params * grad_bytes));
           dp_exposed = dp_total;
         } else {
           // The plan's buckets, in backward order: head (last stage), layers, embedding.
           const auto [emb_params, head_only] = edge_params(s);
-          double t = 0, f = 0, pending = 0, work = 0;
-          auto item = [&](double params_ready, double seconds) {
+          // Dense and expert gradients fill buckets of their own (plan.cpp expert_grads_ready),
+          // reduced over DP x CP and EDP, on the one DP stream.
+          double t = 0, f = 0, pending = 0, pending_ex = 0, work = 0;
+          auto send = [&](double x) {
+            f = std::max(t, f) + x;
+            dp_total += x;
+          };
+          auto item = [&](double params_ready, double expert_ready, double seconds) {
             t = advance(t, seconds, f, speed);
             work += seconds;
             pending += params_ready;
-            if (pending >= bucket_params) {
-              const double x = dp_ring(coll, pending * grad_bytes);
-              f = std::max(t, f) + x;
-              dp_total += x;
-              pending = 0;
-            }
+            pending_ex += expert_ready;
+            if (pending >= bucket_params) send(dp_ring(coll, pending * grad_bytes)), pending = 0;
+            if (pending_ex >= bucket_params) send(edp_ring(coll, pending_ex * grad_bytes)), pending_ex = 0;
           };
-          if (last) item(head_only, sh.head_b.time);
-          const int64_t nl = ranks[static_cast<size_t>(s)].layers;
-          for (int64_t i = 0; i < nl; ++i) item(sh.layer_params_rank, lb);
-          if (first) item(emb_params, sh.emb_b.time);
-          if (pending > 0) {
-            const double x = dp_ring(coll, pending * grad_bytes);
-            f = std::max(t, f) + x;
-            dp_total += x;
-          }
+          if (last) item(head_only, 0.0, sh.head_b.time);
+          const auto& nk = rank_kinds[static_cast<size_t>(s)];
+          for (int k = blocks::kLayerKinds - 1; k >= 0; --k)
+            for (int64_t i = 0; i < nk[static_cast<size_t>(k)]; ++i) item(L_(k).params.dense, L_(k).params.expert, K_(k).lb);
+          if (first) item(emb_params, 0.0, sh.emb_b.time);
+          if (pending_ex > 0) send(edp_ring(coll, pending_ex * grad_bytes));
+          if (pending > 0) send(dp_ring(coll, pending * grad_bytes));
           dp_exposed = std::max(0.0, f - t);
           stretch = t - work;
           if (gs.every_micro_batch && m > 1) {
@@ -548,9 +645,12 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           }
         }
         if ((l.zero_stage == 1 || l.zero_stage == 2) && !tr.overlap_param_gather) {
-          gather = dp_ring(Collective::AllGather, params * 2.0);
+          gather = dp_ring(Collective::AllGather, dense_params * 2.0) + edp_ring(Collective::AllGather, expert_params * 2.0);
         } else if ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather) {
-          const double ag = dp_ring(Collective::AllGather, sh.layer_params_rank * 2.0);
+          const double ag = stage_mean(s, [&](int k) {
+            return dp_ring(Collective::AllGather, L_(k).params.dense * 2.0) +
+                   edp_ring(Collective::AllGather, L_(k).params.expert * 2.0);
+          });
           dp_total += layers_rank * ag;
           // The first gather of each of the rank's chunks that holds layers is exposed.
           int64_t chunks_with_layers = 0;
@@ -562,7 +662,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       }
       // Per-layer parameter gathers (ZeRO-3; ZeRO-1/2 with overlap_param_gather): the
       // stage's non-layer parameters are gathered after the optimizer (plan.cpp finish_step).
-      const double non_layer = params - layers_rank * sh.layer_params_rank;
+      const double non_layer = params - layer_params;
       if ((l.zero_stage == 3 || ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather)) &&
           non_layer > 0) {
         gather = dp_ring(Collective::AllGather, non_layer * 2.0);  // counted in total and exposed below
@@ -572,15 +672,16 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     Op adam;
     adam.kernel = KernelKind::optimizer;
     adam.kernels = sh.adam_kernels;
-    adam.bytes = params / (l.zero_stage >= 1 ? d(dpcp) : 1.0) * sh.adam_bytes_per_param;
+    // Owned: dense / (DP x CP) and experts / EDP with a sharded optimizer (plan.cpp owned_params).
+    const double owned = l.zero_stage >= 1 ? dense_params / d(dpcp) + expert_params / d(edp) : params;
+    adam.bytes = owned * sh.adam_bytes_per_param;
     const double opt = compute_time(adam, c.gpu, tr.dtype);
     // DualPipe (plan.cpp finish_step): ranks s and p - 1 - s SUM their copies' gradients
     // (the shards they own with a sharded optimizer), blocking, before the optimizer (PP).
     const double mirror_ar =
         sch.params_twice() && 2 * s + 1 != p
             ? comm.collective(Collective::AllReduce, 2, std::abs(p - 1 - 2 * s) * stage_size,
-                              stage_parameters_per_rank(model, l, tr.seq_len, s) /
-                                  (l.zero_stage >= 1 ? d(dpcp) : 1.0) * grad_bytes)
+                              owned * grad_bytes)
             : 0.0;
     const double ar = (first != last ? emb_ar : 0.0) + mirror_ar;
     pre_ar[static_cast<size_t>(s)] = end_bwd + stretch + (dp_exposed - dp_in_pipe);
@@ -588,9 +689,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     est.optimizer_s = std::max(est.optimizer_s, opt);
 
     // Per-stage accounting (means below).
-    const double layers_mb = layers_rank;
     const auto [recv_f, recv_b] = remote_recvs(s);
-    double comp = layers_mb * (sh.layer_f.compute + sh.layer_b.compute) + (first ? sh.emb_f.compute + sh.emb_b.compute : 0.0) +
+    double comp = stage_sum(s, [&](int k) { return L_(k).f.compute + L_(k).b.compute; }) + (first ? sh.emb_f.compute + sh.emb_b.compute : 0.0) +
                   (last ? sh.head_f.compute + sh.head_b.compute : 0.0);
     comp = m_rank * comp + opt;
     StageDetail sd;
@@ -603,14 +703,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         for (double e : g.exposed) x -= e;
         return x;
       };
-      double per_mb = layers_mb * (lost(sh.layer_f) + lost(sh.layer_b));
+      double per_mb = stage_sum(s, [&](int k) { return lost(L_(k).f) + lost(L_(k).b); });
       if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
       if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
       sd.slowdown_s = m_rank * per_mb + stretch;
     }
-    for (int k : {kTP, kCP}) {
-      double tot = layers_mb * (sh.layer_f.total[static_cast<size_t>(k)] + sh.layer_b.total[static_cast<size_t>(k)]);
-      double exp = layers_mb * (sh.layer_f.exposed[static_cast<size_t>(k)] + sh.layer_b.exposed[static_cast<size_t>(k)]);
+    for (int k : {kTP, kCP, kEP}) {
+      const auto kk = static_cast<size_t>(k);
+      double tot = stage_sum(s, [&](int x) { return L_(x).f.total[kk] + L_(x).b.total[kk]; });
+      double exp = stage_sum(s, [&](int x) { return L_(x).f.exposed[kk] + L_(x).b.exposed[kk]; });
       if (first) {
         tot += sh.emb_f.total[static_cast<size_t>(k)] + sh.emb_b.total[static_cast<size_t>(k)];
         exp += sh.emb_f.exposed[static_cast<size_t>(k)] + sh.emb_b.exposed[static_cast<size_t>(k)];
@@ -641,7 +742,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     sd.exposed[kDP] = dp_exposed + gather;
     sd.forward_s = F[static_cast<size_t>(s)];
     sd.backward_s = B[static_cast<size_t>(s)];
-    sd.weight_s = layers_rank * sh.layer_w + (last ? sh.head_w : 0.0) + (first ? sh.emb_w : 0.0);
+    sd.weight_s = stage_sum(s, [&](int k) { return L_(k).w; }) + (last ? sh.head_w : 0.0) + (first ? sh.emb_w : 0.0);
     sd.p2p_s = t_p2p;
     for (int k = 0; k < kCommKinds; ++k) {
       est.comm_total_s[static_cast<size_t>(k)] += sd.total[static_cast<size_t>(k)] / d(p);
@@ -725,7 +826,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
   r.bubble_s = 0;  // mean over stages of the stage bubbles below, as the DES reports it
   for (const auto& sd : detail) r.bubble_s += sd.bubble_s / d(l.pp);
   r.optimizer_s = est.optimizer_s;
-  const char* names[kCommKinds] = {"TP", "CP", "PP", "DP"};
+  const char* names[kCommKinds] = {"TP", "CP", "PP", "DP", "EP"};
   for (int k = 0; k < kCommKinds; ++k) {
     CommStats cs;
     cs.total_s = est.comm_total_s[static_cast<size_t>(k)];

@@ -121,7 +121,8 @@ class AnalyticEngine {
   Experiment base_;
   Experiment scratch_;  // base_ with the layout being estimated (memory model input)
   std::unique_ptr<Comm> comm_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, std::unique_ptr<Shape>> cache_;
+  /// Keyed by (tp, cp, micro-batch, recompute, sequence parallel, ep, expert tp).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool, int64_t, int64_t>, std::unique_ptr<Shape>> cache_;
 };
 
 /// AnalyticEngine(exp).step_result(exp.layout, exp.training.micro_batch) after

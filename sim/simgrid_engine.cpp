@@ -138,6 +138,7 @@ TraceStream stream_of(CommKind k) {
     case CommKind::CP: return TraceStream::cp;
     case CommKind::PP: return TraceStream::pp;
     case CommKind::DP: return TraceStream::dp;
+    case CommKind::EP: return TraceStream::ep;
   }
   return TraceStream::compute;
 }
@@ -683,7 +684,7 @@ StepResult Simulation::run() {
     res.mfu = res.model_flops / (res.step_time_s * gpus * peak);
     res.hfu = res.hardware_flops / (res.step_time_s * gpus * peak);
   }
-  const char* names[kCommKinds] = {"TP", "CP", "PP", "DP"};
+  const char* names[kCommKinds] = {"TP", "CP", "PP", "DP", "EP"};
   for (int64_t s = 0; s < l.pp; ++s) {
     StageResult sr;
     sr.stage = static_cast<int>(s);

@@ -22,6 +22,8 @@ void attention_core_backward(BlockContext& c, int layer, int mb);
 
 class AttentionBlock : public Block {
  public:
+  /// `windowed`: local (sliding-window) attention in this layer (model.attention.window).
+  explicit AttentionBlock(bool windowed = false) : windowed_(windowed) {}
   void forward(BlockContext& c, int layer, int mb, Phase ph) const override;
   /// B: output-gradient gather (SP), out_proj dgrad, core backward, rope backward, QKV
   /// dgrad and its TP reduction. W: out_proj_wgrad, then qkv_wgrad (after the SP re-gather).
@@ -42,6 +44,8 @@ class AttentionBlock : public Block {
   /// recomputes (Sec 5). FlashAttention's per-row softmax statistics (4 a s b, fp32) are
   /// neglected.
   void activation_terms(const ActivationShape& a, std::vector<ActivationTerm>& out) const override;
+ private:
+  bool windowed_ = false;
 };
 
 }  // namespace dtsim::blocks

@@ -17,11 +17,15 @@ namespace dtsim::blocks {
 /// Sec 3; the counting rule of models/flops.hpp): GEMM weights and the biases of
 /// column-parallel GEMMs are split over the t ranks; norms and the biases of row-parallel
 /// GEMMs are replicated. Whole counts (exact in a double), so sums do not depend on order.
+/// Routed experts (models/blocks/moe.hpp) are split neither by TP nor replicated: E / ep
+/// experts on each rank, each expert's GEMMs over etp ranks (Megatron-Core parallel folding):
+/// `expert_weights` counts all E experts' weights; a rank holds expert_weights / (ep etp).
 struct BlockParams {
   double sharded_weights = 0;
   double replicated_weights = 0;
   double sharded_biases = 0;
   double replicated_biases = 0;
+  double expert_weights = 0;
 };
 
 /// One tensor a block keeps from its forward for its backward (Korthikanti 2022, arXiv
@@ -56,6 +60,9 @@ struct ActivationShape {
   double b = 0;
   double s_kv = 0;
   bool flash_attention = false;
+  /// MoE layers: the busiest EP rank's load factor (models/moe.hpp moe_load_factor): its
+  /// routed-token tensors scale with it. 1 for a dense layer or balanced routing.
+  double moe_load = 1.0;
 };
 
 class Block {

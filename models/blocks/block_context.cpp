@@ -49,7 +49,7 @@ void BlockContext::append_compute(Op op, double attention_work) {
 }
 
 void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double flops, double rows, double cols,
-                        double inner, Transpose transpose, bool linear) {
+                        double inner, Transpose transpose, bool linear, int kernels) {
   Op op;
   op.type = OpType::compute;
   op.name = name;
@@ -65,6 +65,7 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
   op.gemm.n = static_cast<int64_t>(cols);
   op.gemm.k = static_cast<int64_t>(inner);
   op.gemm_linear = linear;
+  op.kernels = kernels;
   op.gemm.trans_a = transpose == Transpose::a;
   op.gemm.trans_b = transpose == Transpose::b;
   append_compute(op, 1.0);
@@ -161,6 +162,9 @@ int64_t BlockContext::group_size(GroupKind g) const {
     case GroupKind::DPxCP: return l.dp * l.cp;
     case GroupKind::MIRROR: return l.pp > 1 && 2 * sp.stage + 1 != l.pp ? 2 : 1;
     case GroupKind::EMB: return l.pp > 1 && (sp.stage == 0 || sp.stage == l.pp - 1) ? 2 : 1;
+    case GroupKind::EP: return l.ep;
+    case GroupKind::ETP: return l.expert_tp();
+    case GroupKind::EDP: return l.edp();
   }
   return 1;
 }

@@ -47,8 +47,9 @@ class BlockContext {
   /// `linear`): a linear layer's GEMM is timed in the training dtype, the others (the unfused
   /// attention GEMMs, `linear` false) in bf16 (Transformer Engine's FP8 recipe keeps
   /// dot-product attention in higher precision).
+  /// `kernels`: launches the op stands for (a grouped GEMM: one per local expert).
   void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k,
-            Transpose transpose, bool linear = true);
+            Transpose transpose, bool linear = true, int kernels = 1);
   /// A blocking collective of `size` bytes (nccl-tests size); nothing when the group has one rank.
   void collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
                   double size);

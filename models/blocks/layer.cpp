@@ -7,6 +7,7 @@
 #include "models/blocks/embedding.hpp"
 #include "models/blocks/lm_head.hpp"
 #include "models/blocks/mlp.hpp"
+#include "models/blocks/moe.hpp"
 #include "models/blocks/norm.hpp"
 
 namespace dtsim::blocks {
@@ -16,9 +17,10 @@ namespace {
 std::unique_ptr<Block> make_block(const BlockSpec& b) {
   switch (b.kind) {
     case BlockKind::norm: return std::make_unique<NormBlock>(b.name, b.bwd_name);
-    case BlockKind::attention: return std::make_unique<AttentionBlock>();
+    case BlockKind::attention: return std::make_unique<AttentionBlock>(b.windowed);
     case BlockKind::residual: return std::make_unique<ResidualBlock>();
     case BlockKind::mlp: return std::make_unique<MlpBlock>();
+    case BlockKind::moe: return std::make_unique<MoeBlock>();
   }
   return nullptr;
 }
@@ -43,7 +45,7 @@ void Layer::selective_recompute(BlockContext& c, int layer, int mb) const {
 }
 
 double Layer::parameters_per_tp_rank(const ModelSpec& m, int64_t tp) const {
-  const BlockParams sum = parameters(m);
+  const BlockParams sum = parameters(m);  // the routed experts (expert_weights) are not TP-split: not here
   const double t = static_cast<double>(tp);
   // In the order flops.cpp sums them, so that the two agree to the last bit.
   double n = sum.sharded_weights / t + sum.replicated_weights;
@@ -60,6 +62,7 @@ BlockParams Layer::parameters(const ModelSpec& m) const {
     sum.replicated_weights += p.replicated_weights;
     sum.sharded_biases += p.sharded_biases;
     sum.replicated_biases += p.replicated_biases;
+    sum.expert_weights += p.expert_weights;
   }
   return sum;
 }
@@ -119,11 +122,36 @@ std::vector<BlockSpec> dense_layer_spec(const ModelSpec&) {
           {BlockKind::residual}};
 }
 
-ModelBlocks::ModelBlocks(const ModelSpec& m)
-    : embedding_(std::make_unique<EmbeddingBlock>()),
-      head_(std::make_unique<LmHeadBlock>()),
-      dense_(dense_layer_spec(m)) {}
+std::vector<BlockSpec> layer_spec(const ModelSpec& m, int kind) {
+  std::vector<BlockSpec> spec = dense_layer_spec(m);
+  for (auto& b : spec) {
+    if (b.kind == BlockKind::mlp && (kind & 1)) b.kind = BlockKind::moe;
+    if (b.kind == BlockKind::attention) b.windowed = (kind & 2) != 0;
+  }
+  return spec;
+}
 
-const Layer& ModelBlocks::layer(int64_t) const { return dense_; }
+std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t first, int64_t count) {
+  std::array<int64_t, kLayerKinds> n{};
+  for (int64_t i = first; i < first + count; ++i) ++n[static_cast<size_t>(layer_kind(m, i))];
+  return n;
+}
+
+ModelBlocks::ModelBlocks(const ModelSpec& m)
+    : m_(m), embedding_(std::make_unique<EmbeddingBlock>()), head_(std::make_unique<LmHeadBlock>()) {}
+
+const Layer& ModelBlocks::kind(int k) const {
+  auto& slot = kinds_.at(static_cast<size_t>(k));
+  if (!slot) slot = std::make_unique<Layer>(layer_spec(m_, k));
+  return *slot;
+}
+
+RankParams ModelBlocks::rank_parameters(int64_t index, const Layout& l) const {
+  const Layer& ly = layer(index);
+  RankParams p;
+  p.dense = ly.parameters_per_tp_rank(m_, l.tp);
+  p.expert = ly.parameters(m_).expert_weights / static_cast<double>(l.ep * l.expert_tp());
+  return p;
+}
 
 }  // namespace dtsim::blocks

@@ -10,21 +10,25 @@
 // mlp, mlp_bda). model_blocks() is the one place that says which layer index gets which
 // list, so layers that differ (dense first-k layers, MoE, local / global attention) are a
 // new BlockKind and a line there.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "models/blocks/block.hpp"
+#include "models/blocks/layer_kind.hpp"
 
 namespace dtsim::blocks {
 
-enum class BlockKind { norm, attention, residual, mlp };
+enum class BlockKind { norm, attention, residual, mlp, moe };
 
 /// One slot of a layer: the block type and, for a norm, the names of its ops.
 struct BlockSpec {
   BlockKind kind = BlockKind::norm;
   const char* name = "";      // norm: forward op name ("input_norm", ...)
   const char* bwd_name = "";  // norm: backward op name ("input_norm_bwd", ...)
+  /// attention: local (sliding-window) attention in this layer (model.attention.window).
+  bool windowed = false;
 };
 
 /// The block list of one layer, instantiated from its description.
@@ -80,19 +84,42 @@ ActivationSums sum_activation_terms(const std::vector<ActivationTerm>& terms);
 /// mlp, residual. The attention and MLP blocks read their variant (GQA, flash, rope;
 /// GeLU / SwiGLU) from the ModelSpec and Training through the BlockContext.
 std::vector<BlockSpec> dense_layer_spec(const ModelSpec& m);
+/// A layer of kind `kind` (LayerKind): the dense list with the MLP replaced by the MoE block
+/// (Megatron-Core get_gpt_layer_with_transformer_engine_spec with num_experts: mlp = MoELayer)
+/// and / or local attention (model.attention.window).
+std::vector<BlockSpec> layer_spec(const ModelSpec& m, int kind);
+
+/// Layers of each kind among global layers [first, first + count).
+std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t first, int64_t count);
+
+/// Parameters (elements) of one layer on one rank of `l`, split by the group that reduces
+/// their gradients: `dense` (attention, norms, router, shared experts, a dense MLP: TP
+/// sharded as parameters_per_tp_rank, reduced over DP x CP) and `expert` (the routed experts:
+/// E / ep experts, each split over etp, reduced over the expert-data-parallel group;
+/// Megatron-Core parallel folding, models/rank_grid.hpp).
+struct RankParams {
+  double dense = 0;
+  double expert = 0;
+  double total() const { return dense + expert; }
+};
 
 /// The blocks of a whole model: embedding, the layers, LM head + loss.
 class ModelBlocks {
  public:
   explicit ModelBlocks(const ModelSpec& m);
-  /// The block list of global layer `index` (every layer is dense today).
-  const Layer& layer(int64_t index) const;
+  /// The block list of global layer `index` (its layer_kind).
+  const Layer& layer(int64_t index) const { return kind(layer_kind(m_, index)); }
+  /// The block list of a layer kind (0 <= k < kLayerKinds).
+  const Layer& kind(int k) const;
   const Block& embedding() const { return *embedding_; }
   const Block& head() const { return *head_; }
+  /// RankParams of global layer `index` under layout `l`.
+  RankParams rank_parameters(int64_t index, const Layout& l) const;
 
  private:
+  ModelSpec m_;
   std::unique_ptr<Block> embedding_, head_;
-  Layer dense_;
+  mutable std::array<std::unique_ptr<Layer>, kLayerKinds> kinds_;
 };
 
 }  // namespace dtsim::blocks

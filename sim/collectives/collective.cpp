@@ -54,6 +54,7 @@ CollOp to_op(Collective c) {
     case Collective::AllReduce: return CollOp::AllReduce;
     case Collective::ReduceScatter: return CollOp::ReduceScatter;
     case Collective::AllGather: return CollOp::AllGather;
+    case Collective::AllToAll: return CollOp::AllToAll;
   }
   return CollOp::AllReduce;
 }

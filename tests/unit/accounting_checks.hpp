@@ -38,7 +38,7 @@ namespace dtsim::accounting_checks {
 namespace fs = std::filesystem;
 
 using test_files::kExperiments;
-inline constexpr const char* kKinds[] = {"TP", "CP", "PP", "DP"};
+inline constexpr const char* kKinds[] = {"TP", "CP", "PP", "DP", "EP"};
 
 /// The experiment files (as tests/unit/test_experiments_load.cpp: experiments/sweeps/ holds
 /// sweep, compare and plan files).

@@ -16,6 +16,7 @@
 #include "models/calibration/plan_kernels.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
+#include "models/moe.hpp"
 #include "models/memory.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
@@ -99,8 +100,14 @@ void check_experiment(const Experiment& e) {
     // The plan's compute FLOPs of the layer: forward = declared / t, backward = 2 x forward,
     // recompute = the forward (full) or the attention core (selective).
     const LayerOps ops = layer_ops(st, layer);
-    expect_close(ops.forward, declared.total() / t, "forward");
-    expect_close(ops.backward, 2.0 * declared.total() / t, "backward");
+    // A MoE layer's experts run on the busiest EP rank's rows (models/moe.hpp): the declared
+    // expert FLOPs (model FLOPs at balance) times its whole-row load factor.
+    const MoeTokens tk = moe_tokens(e, static_cast<double>(e.training.micro_batch));
+    const double expert_terms = declared.expert_up + declared.expert_gate + declared.expert_down;
+    const double load = tk.routed > 0 ? tk.received / tk.routed : 1.0;
+    const double executed = declared.total() + (load - 1.0) * expert_terms;
+    expect_close(ops.forward, executed / t, "forward");
+    expect_close(ops.backward, 2.0 * executed / t, "backward");
     const double recompute =
         l.recompute == Recompute::full ? declared.total() : l.recompute == Recompute::selective ? core : 0.0;
     expect_close(ops.recompute, recompute / t, "recompute");
@@ -112,7 +119,9 @@ void check_experiment(const Experiment& e) {
       expect_close(op.flops, 2.0 * static_cast<double>(op.gemm.m) * static_cast<double>(op.gemm.n) *
                                  static_cast<double>(op.gemm.k),
                    op.name);
-      if (op.gemm_linear) weights += static_cast<double>(op.gemm.n) * static_cast<double>(op.gemm.k);
+      // Routed experts' grouped GEMMs hold expert weights (E / ep experts), checked by test_moe_plan.
+      if (op.gemm_linear && std::string(op.name).rfind("expert_", 0) != 0)
+        weights += static_cast<double>(op.gemm.n) * static_cast<double>(op.gemm.k);
     }
     const blocks::BlockParams p = blk.parameters(m);
     expect_close(weights, p.sharded_weights / t, "GEMM weights");
@@ -128,11 +137,15 @@ void check_experiment(const Experiment& e) {
         m, static_cast<double>(e.training.micro_batch) * static_cast<double>(s_local),
         static_cast<double>(e.training.seq_len));
     const double core = declared.attention_scores + declared.attention_values;
+    // MoE: the experts' rows at the busiest rank's load (as above).
+    const MoeTokens tk = moe_tokens(e, static_cast<double>(e.training.micro_batch));
+    const double load = tk.routed > 0 ? tk.received / tk.routed : 1.0;
+    const double total = declared.total() + (load - 1.0) * (declared.expert_up + declared.expert_gate + declared.expert_down);
     const auto in = backward_part_ops(e, BackwardPart::input);
     const auto wt = backward_part_ops(e, BackwardPart::weight);
-    expect_close(compute_flops(in.layer) + compute_flops(wt.layer), 2.0 * declared.total() / t, "B + W");
-    expect_close(compute_flops(wt.layer), (declared.total() - core) / t, "W");
-    expect_close(compute_flops(in.layer), (declared.total() + core) / t, "B");
+    expect_close(compute_flops(in.layer) + compute_flops(wt.layer), 2.0 * total / t, "B + W");
+    expect_close(compute_flops(wt.layer), (total - core) / t, "W");
+    expect_close(compute_flops(in.layer), (total + core) / t, "B");
   }
 
   // Activation terms: memory's per-layer figure, and the embedding / head figures, are
@@ -156,9 +169,13 @@ void check_experiment(const Experiment& e) {
                 kept_bytes(terms, first, t, sp, r))
           << "sp " << sp << " " << to_string(r);
   const bool sp = l.sequence_parallel;
+  // Memory's per-layer figure is the stage's layers' (the layer-0 figure when all are alike).
   EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
-            layer_activation_bytes(m, s, e.training.micro_batch, seq, l.tp, sp, l.recompute,
-                                   e.training.flash_attention));
+            stage_layer_activation_bytes(e, 0, l.recompute, e.training.flash_attention));
+  if (!m.moe.enabled() && m.attention.window <= 0)
+    EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
+              layer_activation_bytes(m, s, e.training.micro_batch, seq, l.tp, sp, l.recompute,
+                                     e.training.flash_attention));
   std::vector<ActivationTerm> emb, head;
   model.embedding().activation_terms(shape, emb);
   model.head().activation_terms(shape, head);

@@ -365,7 +365,7 @@ TEST(ExperimentIo, SeveralParseProblemsReportedTogether) {
   EXPECT_TRUE(has("exp.yaml: layout.tp=\"x\" is not an integer")) << dump(ps);
   EXPECT_TRUE(has("exp.yaml: unknown key model.activation_fn (valid keys under model: name, layers, hidden, heads, "
                   "kv_heads, ffn_hidden, activation, vocab, tied_embeddings, norm, position, "
-                  "max_position_embeddings, hf_config)"))
+                  "max_position_embeddings, hf_config, head_dim, moe, mla, attention, mtp_layers)"))
       << dump(ps);
   EXPECT_EQ(ps.size(), 3u) << dump(ps);
 }
@@ -376,7 +376,7 @@ TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
   EXPECT_TRUE(has("exp.yaml: unknown key layout.bogus_knob (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
                   "sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
                   "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
-                  "decoder_last_pipeline_num_layers, pipeline_layout)"))
+                  "decoder_last_pipeline_num_layers, pipeline_layout, ep, etp)"))
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
   EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
@@ -494,7 +494,8 @@ TEST(ExperimentIoUnknownKey, Model) {
   ASSERT_EQ(ps.size(), 1u) << dump(ps);
   EXPECT_EQ(ps[0],
             "exp.yaml: unknown key model.layer (valid keys under model: name, layers, hidden, heads, kv_heads, "
-            "ffn_hidden, activation, vocab, tied_embeddings, norm, position, max_position_embeddings, hf_config)");
+            "ffn_hidden, activation, vocab, tied_embeddings, norm, position, max_position_embeddings, hf_config, "
+            "head_dim, moe, mla, attention, mtp_layers)");
 }
 
 TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
@@ -525,12 +526,12 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
 
 TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
   {
-    const auto ps = problems(with_line("  tp: 4", "  ep: 2"));
+    const auto ps = problems(with_line("  tp: 4", "  epp: 2"));
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
-    EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.ep (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
+    EXPECT_EQ(ps[0], "exp.yaml: unknown key layout.epp (valid keys under layout: dp, tp, cp, pp, vp, schedule, zero_stage, "
                      "sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
                      "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
-                     "decoder_last_pipeline_num_layers, pipeline_layout)");
+                     "decoder_last_pipeline_num_layers, pipeline_layout, ep, etp)");
   }
   {
     const auto ps = problems(with_line("  micro_batch: 2", "  lr: 0.1"));
@@ -538,7 +539,8 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
                      "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
                      "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
-                     "overlap_p2p)");
+                     "overlap_p2p, moe_token_dispatcher, overlap_moe_expert_parallel_comm, delay_wgrad_compute, "
+            "moe_shared_expert_overlap)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
@@ -628,7 +630,7 @@ TEST(ExperimentIoSet, UnknownPathIsNamed) {
   EXPECT_EQ(ps[0], "exp.yaml: --set layout.foo=1: unknown key layout.foo (valid keys under layout: dp, tp, cp, pp, "
                    "vp, schedule, zero_stage, sequence_parallel, recompute, account_for_embedding_in_pipeline_split, "
                    "account_for_loss_in_pipeline_split, decoder_first_pipeline_num_layers, "
-                   "decoder_last_pipeline_num_layers, pipeline_layout)");
+                   "decoder_last_pipeline_num_layers, pipeline_layout, ep, etp)");
   const auto ps2 = problems(kBase, {"layout.tp.x=1"});
   ASSERT_EQ(ps2.size(), 1u) << dump(ps2);
   EXPECT_EQ(ps2[0], "exp.yaml: --set layout.tp.x=1: unknown key layout.tp.x (layout.tp is a single value, not a map)");

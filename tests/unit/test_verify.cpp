@@ -674,6 +674,10 @@ int check_shipped_pass(bool small) {
   int checked = 0;
   for (const fs::path& p : shipped()) {
     const Experiment e = load_experiment(p.string());
+    if (e.model.moe.enabled()) {  // not executed yet: refused by name (models/verify/verify.cpp)
+      EXPECT_THROW(verify_experiment(e, {.steps = 2}), InputError) << p;
+      continue;
+    }
     const Experiment s = shrink_experiment(e);
     if ((s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp <= kUnitSuiteMaxWorld) != small) continue;
     ++checked;
@@ -694,6 +698,7 @@ TEST(VerifyShipped, TheLargestExperimentsPassAsPlanned) {
 TEST(VerifyShipped, EveryApplicableBugFailsOnEveryExperiment) {
   for (const fs::path& p : shipped()) {
     const Experiment e = load_experiment(p.string());
+    if (e.model.moe.enabled()) continue;  // refused above (check_shipped_pass)
     const Experiment s = shrink_experiment(e);
     if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld) continue;
     const StepPlan plan = build_step_plan(s);

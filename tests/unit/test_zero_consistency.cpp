@@ -47,7 +47,8 @@ bool near(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max({1.0,
 
 bool is_grad_sync(const Op& op) {
   return (op.type == OpType::issue || op.type == OpType::collective) && op.kind == CommKind::DP &&
-         (std::string(op.name) == "dp_grad_reducescatter" || std::string(op.name) == "dp_grad_allreduce");
+         (std::string(op.name) == "dp_grad_reducescatter" || std::string(op.name) == "dp_grad_allreduce" ||
+          std::string(op.name) == "edp_grad_reducescatter" || std::string(op.name) == "edp_grad_allreduce");
 }
 
 /// What one stage's plan communicates over DP x CP.
@@ -116,9 +117,12 @@ void check(const Experiment& e, const std::string& what, Tally& tally) {
     const MemoryBreakdown& mb = mem[s];
     const StageComm c = read_stage(st, m);
     const double full_grads = params * bpp.grads;
+    // One rank's shard: dense parameters over DP x CP, routed experts over EDP (models/memory.hpp).
+    const double expert = stage_expert_parameters_per_rank(e.model, l, static_cast<int64_t>(s));
+    const double shard = (params - expert) / n + expert / static_cast<double>(l.edp());
     const bool rs_every_mb =
         std::all_of(c.rs_bytes.begin(), c.rs_bytes.end(), [&](double b) { return near(b, full_grads); });
-    const bool grads_sharded = near(mb.grads_bytes, full_grads / n);
+    const bool grads_sharded = near(mb.grads_bytes, shard * bpp.grads);
     const bool grads_full = near(mb.grads_bytes, full_grads);
     ASSERT_TRUE(grads_sharded || grads_full) << mb.grads_bytes << " vs " << full_grads << " / " << n;
     if (grads_sharded) {
@@ -134,12 +138,12 @@ void check(const Experiment& e, const std::string& what, Tally& tally) {
     }
     EXPECT_EQ(grads_sharded, l.zero_stage >= 2);
 
-    const bool opt_sharded = near(mb.optimizer_bytes, params * bpp.optimizer / n);
+    const bool opt_sharded = near(mb.optimizer_bytes, shard * bpp.optimizer);
     EXPECT_TRUE(opt_sharded || near(mb.optimizer_bytes, params * bpp.optimizer));
-    EXPECT_EQ(opt_sharded, c.any_rs && c.param_gather && near(st.optimizer_params, params / n))
+    EXPECT_EQ(opt_sharded, c.any_rs && c.param_gather && near(st.optimizer_params, shard))
         << "optimizer sharding in memory vs the plan's ReduceScatter + parameter AllGather + Adam over 1/N";
 
-    const bool params_sharded = near(mb.params_bytes, params * bpp.params / n);
+    const bool params_sharded = near(mb.params_bytes, shard * bpp.params);
     EXPECT_TRUE(params_sharded || near(mb.params_bytes, params * bpp.params));
     const bool gathers_every_mb =
         st.layers > 0 &&

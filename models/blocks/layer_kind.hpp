@@ -1,0 +1,16 @@
+#pragma once
+// Which kind of layer a global layer index is (models/blocks/layer.hpp builds one block list
+// per kind): bit 0 = MoE (ModelSpec::moe.is_moe_layer), bit 1 = local (sliding-window)
+// attention (AttentionWindow::windowed). Kind 0 is the dense full-attention layer.
+#include <cstdint>
+
+#include "models/experiment.hpp"
+
+namespace dtsim::blocks {
+
+inline constexpr int kLayerKinds = 4;
+inline int layer_kind(const ModelSpec& m, int64_t index) {
+  return (m.moe.is_moe_layer(index) ? 1 : 0) + (m.attention.windowed(index) ? 2 : 0);
+}
+
+}  // namespace dtsim::blocks
