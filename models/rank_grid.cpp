@@ -80,12 +80,14 @@ std::string expert_layout_problem(const Layout& l, int64_t num_experts) {
   const int64_t etp = l.expert_tp();
   if (num_experts % l.ep != 0)
     return eps + " must divide model.moe.num_experts=" + std::to_string(num_experts) + " (each EP rank holds E / ep experts)";
-  const int64_t stage = l.tp * l.cp * l.dp;
-  if (etp * l.ep > stage || stage % (etp * l.ep) != 0)
-    return "layout.etp x layout.ep = " + std::to_string(etp) + " x " + std::to_string(l.ep) + " = " +
-           std::to_string(etp * l.ep) + " must divide the ranks of a pipeline stage, tp x cp x dp = " +
-           std::to_string(l.tp) + " x " + std::to_string(l.cp) + " x " + std::to_string(l.dp) + " = " +
-           std::to_string(stage) + " (Megatron-Core parallel folding)";
+  // 128-bit products: the layout's sizes are not bounded yet when this runs (fuzzed inputs).
+  const __int128 stage128 = static_cast<__int128>(l.tp) * l.cp * l.dp, experts128 = static_cast<__int128>(etp) * l.ep;
+  if (experts128 <= 0 || stage128 <= 0) return "";  // tp, cp, dp <= 0: reported by their own checks
+  if (experts128 > stage128 || stage128 % experts128 != 0)
+    return "layout.etp x layout.ep = " + std::to_string(etp) + " x " + std::to_string(l.ep) +
+           " must divide the ranks of a pipeline stage, tp x cp x dp = " +
+           std::to_string(l.tp) + " x " + std::to_string(l.cp) + " x " + std::to_string(l.dp) +
+           " (Megatron-Core parallel folding)";
   return "";
 }
 

@@ -22,6 +22,8 @@ const char* to_string(Injection i) {
     case Injection::pp_microbatch_swap: return "pp-microbatch-swap";
     case Injection::w_before_b: return "w-before-b";
     case Injection::drop_w: return "drop-w";
+    case Injection::ep_grad_avg_over_ep: return "ep-grad-avg-over-ep";
+    case Injection::moe_combine_unweighted: return "moe-combine-unweighted";
   }
   return "?";
 }
@@ -30,7 +32,7 @@ std::vector<Injection> all_injections() {
   return {Injection::tp_grad_avg,       Injection::dp_local_mean,   Injection::cp_loss_scale,
           Injection::adam_before_sync,  Injection::dp_grad_sum,     Injection::cp_causal_local,
           Injection::zero_skip_param_gather, Injection::pp_microbatch_swap, Injection::w_before_b,
-          Injection::drop_w};
+          Injection::drop_w, Injection::ep_grad_avg_over_ep, Injection::moe_combine_unweighted};
 }
 
 Injection parse_injection(const std::string& name) {
@@ -63,6 +65,10 @@ std::string injection_inapplicable(Injection inj, const Experiment& e) {
       return l.pp > 1 && m > 1 ? "" : "needs layout.pp > 1 and more than one micro-batch";
     case Injection::w_before_b:
     case Injection::drop_w: return "";  // every plan has weight-gradient ops on its first stage
+    case Injection::ep_grad_avg_over_ep:
+      // Averaging over EP mixes different experts' gradients (and drops the 1 / |DPxCP| scale).
+      return e.model.moe.enabled() && l.ep > 1 ? "" : "needs a mixture-of-experts model with layout.ep > 1";
+    case Injection::moe_combine_unweighted: return e.model.moe.enabled() ? "" : "needs a mixture-of-experts model";
   }
   return "";
 }

@@ -181,6 +181,32 @@ void Interpreter::Impl::build_params(RankState& R) {
     if (M.bias) add_param(R, LK::out_b, l, 1, h, false, full(PKind::bo, l));
     add_param(R, LK::ln2_w, l, 1, h, false, full(PKind::ln2_w, l));
     if (M.layernorm) add_param(R, LK::ln2_b, l, 1, h, false, full(PKind::ln2_b, l));
+    if (M.moe_layer(l)) {
+      // The router (replicated), this rank's local experts (EP position j: experts
+      // [j E/ep, (j+1) E/ep), Megatron-Core's local expert numbering; ETP position q: columns
+      // [q fe/etp, (q+1) fe/etp) of up / gate, rows of down), the shared expert as a TP MLP.
+      const Layout& lay = plan.exp.layout;
+      const int64_t E = M.experts, le = E / lay.ep, etp = lay.expert_tp(), fe = M.fe, fl = fe / etp;
+      const int64_t j = group_pos(R.rank, GroupKind::EP), q = group_pos(R.rank, GroupKind::ETP);
+      add_param(R, LK::router_w, l, h, E, false, full(PKind::router_w, l));
+      const PSeg eu = M.seg(PKind::eu, l), eg = M.seg(PKind::eg, l), ed = M.seg(PKind::ed, l);
+      auto col = [=, this](const PSeg& s) {
+        return [=, this](int64_t i, int64_t c) { return s.offset + ((j * le + i / h) * h + i % h) * fe + q * fl + c; };
+      };
+      add_param(R, LK::eup_w, l, le * h, fl, etp > 1, col(eu));
+      add_param(R, LK::egate_w, l, le * h, fl, etp > 1, col(eg));
+      add_param(R, LK::edown_w, l, le * fl, h, etp > 1, [=, this](int64_t i, int64_t c) {
+        return ed.offset + ((j * le + i / fl) * fe + q * fl + i % fl) * h + c;
+      });
+      if (M.fs > 0) {
+        const int64_t fs = M.fs, fst = fs / t;
+        const PSeg wu = M.seg(PKind::wu, l), wg = M.seg(PKind::wg, l), wd = M.seg(PKind::wd, l);
+        add_param(R, LK::up_w, l, h, fst, true, [=](int64_t i, int64_t c) { return wu.offset + i * fs + r * fst + c; });
+        add_param(R, LK::gate_w, l, h, fst, true, [=](int64_t i, int64_t c) { return wg.offset + i * fs + r * fst + c; });
+        add_param(R, LK::down_w, l, fst, h, true, [=](int64_t i, int64_t c) { return wd.offset + (r * fst + i) * h + c; });
+      }
+      continue;
+    }
     const PSeg wu = M.seg(PKind::wu, l);
     const int64_t f = M.ffn;
     add_param(R, LK::up_w, l, h, ft, true, [=, this](int64_t i, int64_t j) { return wu.offset + i * f + r * ft + j; });
@@ -224,6 +250,7 @@ void Interpreter::Impl::build_ranks() {
   // The DP replicas of a (stage, TP, CP) coordinate hold the same parameter shards: built
   // once, copied to the others.
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> built;
+  moe_frames.assign(sz(world), {});
   for (int64_t r = 0; r < world; ++r) {
     RankState& R = ranks[sz(r)];
     R.rank = r;
@@ -233,7 +260,7 @@ void Interpreter::Impl::build_ranks() {
     R.dpcp_index = std::find(g.begin(), g.end(), r) - g.begin();
     stage_ranks[sz(R.c.pp)].push_back(r);
     const auto [it, first] = built.try_emplace({R.c.pp, R.c.tp, R.c.cp}, r);
-    if (first) {
+    if (first || M.experts > 0) {  // MoE: DP replicas hold other experts
       build_params(R);
     } else {
       R.params = ranks[sz(it->second)].params;
@@ -241,7 +268,7 @@ void Interpreter::Impl::build_ranks() {
     }
   }
   for (int64_t st = 0; st < pp; ++st)
-    for (GroupKind k : {GroupKind::TP, GroupKind::DP, GroupKind::DPxCP}) {
+    for (GroupKind k : {GroupKind::TP, GroupKind::DP, GroupKind::DPxCP, GroupKind::EP, GroupKind::ETP, GroupKind::EDP}) {
       std::set<std::vector<int64_t>> seen;
       std::vector<std::vector<int64_t>> gs;
       for (int64_t r : stage_ranks[sz(st)]) {
@@ -256,22 +283,29 @@ void Interpreter::Impl::build_ranks() {
     for (auto& R : ranks)
       for (auto& p : R.params)
         if (p.layer >= 0) p.z3 = true;
+  // A MoE layer's routed experts are sharded over EDP (their own buffer, Megatron-Core
+  // expert_parallel_buffers), chunked the same way.
+  const int64_t edp = plan.exp.layout.edp();
   for (auto& R : ranks) {
-    std::map<int, int64_t> offset, total;
+    std::map<std::pair<int, bool>, int64_t> offset, total;
+    const int64_t edp_index = M.experts > 0 ? group_pos(R.rank, GroupKind::EDP) : 0;
     for (auto& p : R.params)
-      if (p.z3) total[p.layer] += p.size();
+      if (p.z3) total[{p.layer, expert_param(p.kind)}] += p.size();
     for (auto& p : R.params) {
       // Without ZeRO-3 an element gets an owner from the gradient collective (every rank
       // after an AllReduce, one after a ReduceScatter); with dp*cp == 1 the rank owns all.
-      p.owned.assign(sz(p.size()), dpcp == 1 ? 1 : 0);
+      p.owned.assign(sz(p.size()), dpcp == 1 && !(edp > 1 && expert_param(p.kind)) ? 1 : 0);
       if (!p.z3) continue;
-      const int64_t P = total[p.layer], c = (P + dpcp - 1) / dpcp;
-      const int64_t lo = R.dpcp_index * c, hi = std::min(P, lo + c);
+      const bool ex = expert_param(p.kind);
+      const std::pair<int, bool> key{p.layer, ex};
+      const int64_t n = ex ? edp : dpcp, idx = ex ? edp_index : R.dpcp_index;
+      const int64_t P = total[key], c = (P + n - 1) / n;
+      const int64_t lo = idx * c, hi = std::min(P, lo + c);
       for (int64_t e = 0; e < p.size(); ++e) {
-        const int64_t f = offset[p.layer] + e;
+        const int64_t f = offset[key] + e;
         p.owned[sz(e)] = f >= lo && f < hi;
       }
-      offset[p.layer] += p.size();
+      offset[key] += p.size();
     }
   }
 }
@@ -579,6 +613,9 @@ std::vector<LK> Interpreter::Impl::static_writes(Fn fn, int ordinal, int stage) 
     case Fn::qkv_wgrad: add(LK::qkv_w); add(LK::qkv_b, M.bias); break;
     case Fn::input_norm_bwd: add(LK::ln1_w); add(LK::ln1_b, M.layernorm); break;
     case Fn::embedding_bwd: add(LK::word); add(LK::pos, M.learned_pos); break;
+    case Fn::router_wgrad: add(LK::router_w); break;
+    case Fn::expert_down_wgrad: add(LK::edown_w); break;
+    case Fn::expert_up_wgrad: add(LK::eup_w); add(LK::egate_w); break;
     default: break;
   }
   return w;
@@ -709,6 +746,26 @@ void Interpreter::Impl::compute(Lane& L, Fn fn, const Op& op) {
     case Fn::lm_head_dgrad:
     case Fn::lm_head_wgrad:
       head_op(L, fn, op);
+      return;
+    case Fn::router:
+    case Fn::router_topk:
+    case Fn::moe_permute:
+    case Fn::expert_up:
+    case Fn::expert_gate:
+    case Fn::expert_swiglu:
+    case Fn::expert_down:
+    case Fn::moe_unpermute:
+    case Fn::moe_unpermute_bwd:
+    case Fn::expert_down_dgrad:
+    case Fn::expert_down_wgrad:
+    case Fn::expert_swiglu_bwd:
+    case Fn::expert_up_dgrad:
+    case Fn::expert_up_wgrad:
+    case Fn::moe_permute_bwd:
+    case Fn::router_topk_bwd:
+    case Fn::router_dgrad:
+    case Fn::router_wgrad:
+      moe_op(L, fn, op);
       return;
     default:
       die(op, "is not a compute op");

@@ -60,7 +60,12 @@ struct PlanFatal : std::runtime_error {
 // ------------------------------------------------------------------ local parameters --
 /// A rank's local parameter tensors (TP shards in Megatron's layout).
 enum class LK { word, pos, ln1_w, ln1_b, qkv_w, qkv_b, out_w, out_b, ln2_w, ln2_b, up_w, up_b, gate_w, down_w,
-                down_b, final_w, final_b, head_w };
+                down_b, final_w, final_b, head_w,
+                // MoE layers: the router (h x E) and this rank's E / ep local experts, each a
+                // 1 / etp column shard: up / gate (E/ep h) x (fe/etp), down (E/ep fe/etp) x h
+                // (models/verify/ops_moe.cpp). A MoE layer's shared expert is its up_w / gate_w /
+                // down_w (shared_* ops run as the mlp_* ones).
+                router_w, eup_w, egate_w, edown_w };
 
 inline const char* lk_name(LK k) {
   switch (k) {
@@ -82,6 +87,10 @@ inline const char* lk_name(LK k) {
     case LK::final_w: return "final_norm.weight";
     case LK::final_b: return "final_norm.bias";
     case LK::head_w: return "lm_head.weight";
+    case LK::router_w: return "moe.router.weight";
+    case LK::eup_w: return "moe.experts.up.weight";
+    case LK::egate_w: return "moe.experts.gate.weight";
+    case LK::edown_w: return "moe.experts.down.weight";
   }
   return "?";
 }
@@ -91,8 +100,11 @@ inline const char* lk_name(LK k) {
 /// megatron/core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads).
 inline bool sp_partial_grad(LK k) {
   return k == LK::ln1_w || k == LK::ln1_b || k == LK::ln2_w || k == LK::ln2_b || k == LK::final_w ||
-         k == LK::final_b || k == LK::out_b || k == LK::down_b;
+         k == LK::final_b || k == LK::out_b || k == LK::down_b || k == LK::router_w;
 }
+/// Routed-expert parameters: replicated over the expert-data-parallel group (GroupKind::EDP),
+/// reduced there, not over DPxCP.
+inline bool expert_param(LK k) { return k == LK::eup_w || k == LK::egate_w || k == LK::edown_w; }
 
 /// A rank's working gradient of one parameter, stored in its lane's buffer: the replicas
 /// of a lane keep the gradients of a parameter side by side (Lane::grads), which the
@@ -135,7 +147,11 @@ struct LocalParam {
 // --------------------------------------------------------------- chain and workspace --
 /// What the tensor produced last by a stage's chain of ops is.
 enum class Tag { none, embed_out, stream, norm1, norm2, normf, qkv, ctx, attn_out, col_mlp, act, mlp_out, logits, ce,
-                 dlogits, dnormf, dnorm1, dnorm2, d_attn_out, d_mlp_out, d_ctx, d_act, d_col_mlp, d_qkv };
+                 dlogits, dnormf, dnorm1, dnorm2, d_attn_out, d_mlp_out, d_ctx, d_act, d_col_mlp, d_qkv,
+                 // MoE layer with a shared expert: the shared expert's output (the MoE output
+                 // once the routed output is added) and its input gradient (d norm2 once the
+                 // routed experts' and the router's are added). Not compared by themselves.
+                 shared_out, d_shared };
 
 struct Reg {
   Mat m;
@@ -152,10 +168,40 @@ struct Reg {
 
 enum class Slot : uint8_t { x_in, res, n1, n2, nf, re1, re2, ref, tmp_in, q, k, v, kv_all, att_m, att_l, att_acc, ctx,
                             lse, probs, u, g, act, logits, ce_a, ce_shift, ce_tgt, ce_z, dlogits, dx_stream, d_branch, dctx,
-                            dq, dkv_all, dk, dv, dprobs, du, dg, d_mlp, dqkv };
+                            dq, dkv_all, dk, dv, dprobs, du, dg, d_mlp, dqkv,
+                            moe_out, moe_dx };  // MoE: routed output / input gradient waiting for the shared expert's
 
-constexpr int kSlots = static_cast<int>(Slot::dqkv) + 1;
-constexpr int kLKs = static_cast<int>(LK::head_w) + 1;
+constexpr int kSlots = static_cast<int>(Slot::moe_dx) + 1;
+constexpr int kLKs = static_cast<int>(LK::edown_w) + 1;
+
+/// One rank's tensors of one MoE layer and micro-batch (models/verify/ops_moe.cpp). Copies are
+/// (token, k-slot) pairs; rows of the matrices below follow the list beside them.
+struct MoeCopy {
+  int64_t src = 0;    // rank the token lives on
+  int64_t index = 0;  // position in its rank's permuted list
+  int64_t expert = 0;
+};
+struct MoeFrame {
+  Mat x;                         // T x h: the MoE input rows of this rank
+  Mat logits;                    // T x E
+  std::vector<int64_t> sel;      // T x k
+  std::vector<double> prob;      // T x k
+  std::vector<int64_t> perm;     // permuted order: copy t k + i at position j (sorted by expert)
+  Mat px;                        // permuted token rows
+  std::vector<MoeCopy> recv;     // copies this rank's local experts received (dispatch)
+  Mat rx;
+  std::vector<MoeCopy> gath;     // after the ETP AllGather: the ETP group's received copies
+  std::vector<int64_t> gath_owner;  // position in the ETP group of the rank that received it
+  Mat gx, u, g, act, y;          // expert inputs, fc1 halves, SwiGLU output, (partial) outputs
+  Mat ry;                        // the received copies' outputs (after the ETP ReduceScatter)
+  Mat py;                        // permuted outputs back on the token's rank (combine)
+  // backward
+  Mat pdy;                       // permuted output gradients (unpermute_bwd)
+  std::vector<double> dprob;     // T x k
+  Mat rdy, gdy, da, du, dg, gdx, rdx, pdx;
+  Mat dz;                        // T x E
+  Mat dx;                        // T x h
+};
 
 /// What a lane keeps for one (layer, micro-batch): tensors by slot, norm statistics, and
 /// the row-parallel branches whose forward (or recompute) ran (dropout_residual_bwd
@@ -273,6 +319,10 @@ enum class Fn {
   out_proj_wgrad, attention_bwd, attention_bwd_local, attention_bwd_remote, attention_values_bwd,
   softmax_dropout_bwd, attention_scores_bwd, rope_bwd, qkv_dgrad, qkv_wgrad, input_norm_bwd, embedding_bwd,
   optimizer_adam,
+  // MoE (models/verify/ops_moe.cpp)
+  router, router_topk, moe_permute, expert_up, expert_gate, expert_swiglu, expert_down, moe_unpermute,
+  moe_unpermute_bwd, expert_down_dgrad, expert_down_wgrad, expert_swiglu_bwd, expert_up_dgrad, expert_up_wgrad,
+  moe_permute_bwd, router_topk_bwd, router_dgrad, router_wgrad, moe_comm,
   // collectives
   chain, ce_reduce, regather, cp_kv, cp_dkv, dp_grad, dp_param_gather, sp_grad_allreduce, embed_grad, mirror_grad,
   // p2p and waits
@@ -309,6 +359,25 @@ inline const std::unordered_map<std::string_view, Fn>& fn_table() {
       // The TP AllReduce of sequence-parallel replicated gradients (models/plan.cpp adopted it
       // from the verifier's report).
       {"tp_sp_grad_allreduce", Fn::sp_grad_allreduce},
+      // MoE (models/blocks/moe.hpp): routed experts' gradients / parameters over EDP, the
+      // shared expert as an MLP, the token AllToAlls and ETP collectives (Fn::moe_comm).
+      {"edp_grad_allreduce", Fn::dp_grad}, {"edp_grad_reducescatter", Fn::dp_grad},
+      {"edp_param_allgather", Fn::dp_param_gather},
+      {"router", Fn::router}, {"router_topk", Fn::router_topk}, {"moe_permute", Fn::moe_permute},
+      {"expert_up", Fn::expert_up}, {"expert_gate", Fn::expert_gate}, {"expert_swiglu", Fn::expert_swiglu},
+      {"expert_down", Fn::expert_down}, {"moe_unpermute", Fn::moe_unpermute},
+      {"moe_unpermute_bwd", Fn::moe_unpermute_bwd}, {"expert_down_dgrad", Fn::expert_down_dgrad},
+      {"expert_down_wgrad", Fn::expert_down_wgrad}, {"expert_swiglu_bwd", Fn::expert_swiglu_bwd},
+      {"expert_up_dgrad", Fn::expert_up_dgrad}, {"expert_up_wgrad", Fn::expert_up_wgrad},
+      {"moe_permute_bwd", Fn::moe_permute_bwd}, {"router_topk_bwd", Fn::router_topk_bwd},
+      {"router_dgrad", Fn::router_dgrad}, {"router_wgrad", Fn::router_wgrad},
+      {"moe_dispatch", Fn::moe_comm}, {"moe_etp_allgather", Fn::moe_comm}, {"moe_etp_reducescatter", Fn::moe_comm},
+      {"moe_combine", Fn::moe_comm}, {"moe_combine_bwd", Fn::moe_comm}, {"moe_etp_allgather_bwd", Fn::moe_comm},
+      {"moe_etp_reducescatter_bwd", Fn::moe_comm}, {"moe_dispatch_bwd", Fn::moe_comm},
+      {"shared_up", Fn::mlp_up}, {"shared_gate", Fn::mlp_gate}, {"shared_swiglu", Fn::swiglu},
+      {"shared_down", Fn::mlp_down}, {"shared_down_dgrad", Fn::mlp_down_dgrad},
+      {"shared_down_wgrad", Fn::mlp_down_wgrad}, {"shared_swiglu_bwd", Fn::swiglu_bwd},
+      {"shared_up_dgrad", Fn::mlp_up_dgrad}, {"shared_up_wgrad", Fn::mlp_up_wgrad},
       {"embedding_grad_allreduce", Fn::embed_grad},
       // DualPipe: the two copies of a layer held by pipeline ranks r and pp - 1 - r.
       {"dualpipe_grad_allreduce", Fn::mirror_grad},
@@ -894,6 +963,18 @@ struct Interpreter::Impl {
   void attention_op(Lane& L, Fn fn, const Op& op);
   void mlp_op(Lane& L, Fn fn, const Op& op);
   void head_op(Lane& L, Fn fn, const Op& op);
+  void moe_op(Lane& L, Fn fn, const Op& op);
+  /// The MoE token AllToAlls and ETP collectives (moe_dispatch, moe_combine, moe_etp_* and
+  /// their backward), over the groups Op::group names, on every rank of the stage.
+  void moe_comm(int st, const Op& op);
+  /// [rank] (layer, micro-batch) -> the rank's MoE tensors; touched only by its stage.
+  std::vector<std::map<std::pair<int, int>, MoeFrame>> moe_frames;
+  MoeFrame& moe_frame(int64_t rank, int layer, int mb) { return moe_frames[sz(rank)][{layer, mb}]; }
+  /// Position of `rank` in its group of kind k.
+  int64_t group_pos(int64_t rank, GroupKind k) const {
+    const auto g = grid.group_of(rank, k);
+    return std::find(g.begin(), g.end(), rank) - g.begin();
+  }
 
   void attention_bwd_done(Lane& L, const Op& op);
 

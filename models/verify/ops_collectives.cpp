@@ -263,8 +263,11 @@ Bucket Interpreter::Impl::ready_bucket(int st, const Op& op) {
   const bool own = op.grad_bucket == GradBucket::tied_embedding;
   const int word = own_bucket_param[sz(st)];
   if (own && word < 0) die(op, "a tied word-embedding bucket on a stage without a tied word embedding");
+  // Routed experts live in their own buffers, reduced over EDP; the rest over DPxCP.
+  const bool experts = op.group == GroupKind::EDP;
   for (size_t p = 0; p < R0.params.size(); ++p) {
     if (own != (static_cast<int>(p) == word)) continue;
+    if (expert_param(R0.params[p].kind) != experts) continue;
     bool ready = false;
     if (per_mb_reduce) {
       const int mb = op.micro_batch;
@@ -299,8 +302,10 @@ Vector Interpreter::Impl::pack_grads(const RankState& R, const Bucket& bk) const
 }
 
 void Interpreter::Impl::dp_grad(int st, const Op& op) {
-  if (op.group != GroupKind::DPxCP)
-    problem(op, fmt::format("gradients reduced over {}; ranks holding the same weights form DPxCP", to_string(op.group)));
+  const bool experts = op.group == GroupKind::EDP;
+  if (op.group != GroupKind::DPxCP && !experts)
+    problem(op, fmt::format("gradients reduced over {}; ranks holding the same weights form DPxCP (routed experts: EDP)",
+                            to_string(op.group)));
   const Bucket bk = ready_bucket(st, op);
   if (bk.params.empty()) die(op, "reduces gradients, but no gradient is complete and unreduced here");
   check_size(op, static_cast<double>(bk.elems) * grad_bytes,
@@ -311,8 +316,21 @@ void Interpreter::Impl::dp_grad(int st, const Op& op) {
   }
   const bool rs = op.collective == Collective::ReduceScatter;
   if (!rs && op.collective != Collective::AllReduce) die(op, "gradients need an AllReduce or a ReduceScatter");
+  // Routed experts (verify.hpp): an AVG over EDP is Megatron-Core's expert gradient scaling,
+  // a SUM over EDP times 1 / |DPxCP| (distributed_data_parallel.py,
+  // expert_gradient_scaling_factor), so each token's contribution counts once. The
+  // ep-grad-avg-over-ep injection averages over the EP group instead.
+  refmath::ReduceOp ro = rop(op);
+  double scale = 1.0;
+  const bool ep_bug = experts && opt.inject == Injection::ep_grad_avg_over_ep;
+  if (experts && !ep_bug && ro == refmath::ReduceOp::avg) {
+    ro = refmath::ReduceOp::sum;
+    scale = 1.0 / static_cast<double>(dpcp);
+  }
+  Op gop = op;
+  if (ep_bug) gop.group = GroupKind::EP;
   std::vector<std::function<void()>> parts;
-  for (const auto& g : groups(st, op)) {
+  for (const auto& g : groups(st, gop)) {
     const int64_t n = static_cast<int64_t>(g.size());
     const int64_t chunk = (bk.elems + n - 1) / n;
     std::vector<Vector> in;
@@ -327,7 +345,10 @@ void Interpreter::Impl::dp_grad(int st, const Op& op) {
         std::fill(lp.grad.v.begin(), lp.grad.v.end(), 0.0);
       }
     }
-    auto out = rs ? refmath::reduce_scatter(in, rop(op)) : refmath::all_reduce(in, rop(op));
+    auto out = rs ? refmath::reduce_scatter(in, ro) : refmath::all_reduce(in, ro);
+    if (scale != 1.0)
+      for (auto& o : out)
+        for (double& x : o) x *= scale;
     parts.push_back([this, g, out = std::move(out), bk, rs, chunk, op] {
       for (size_t i = 0; i < g.size(); ++i) {
         RankState& R = ranks[sz(g[i])];
@@ -369,6 +390,8 @@ void Interpreter::Impl::dp_param_gather(int st, const Op& op) {
     int64_t total = 0;
     for (size_t p = 0; p < R0.params.size(); ++p) {
       const int pl = R0.params[p].layer;
+      // edp_param_allgather: routed experts over EDP; dp_param_allgather: the rest over DPxCP.
+      if (expert_param(R0.params[p].kind) != (op.group == GroupKind::EDP)) continue;
       if (layer < 0 ? (pl < 0 || !gathered_layers[sz(st)].count(pl)) : pl == layer) {
         sel.push_back(static_cast<int>(p));
         total += R0.params[p].size();

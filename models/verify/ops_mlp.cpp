@@ -37,7 +37,8 @@ void Interpreter::Impl::mlp_op(Lane& L, Fn fn, const Op& op) {
     }
     case Fn::mlp_down: {
       const Reg& c = expect(L, op, {Tag::act}, "the MLP activation", true);
-      set_chain(L, op, linear(L, c.m, LK::down_w, Ly, op), Tag::mlp_out, true, false);
+      // A MoE layer's shared expert: its output is the MoE output once the routed one is added.
+      set_chain(L, op, linear(L, c.m, LK::down_w, Ly, op), M.moe_layer(Ly) ? Tag::shared_out : Tag::mlp_out, true, false);
       break;
     }
     case Fn::mlp_down_dgrad: {
@@ -76,7 +77,7 @@ void Interpreter::Impl::mlp_op(Lane& L, Fn fn, const Op& op) {
       Mat dn = linear_nt(L, c.m, LK::up_w, Ly, op);
       if (M.swiglu)
         add_into(dn, linear_nt(L, need(L, Ly, mb, Slot::dg, op, "the gate gradient"), LK::gate_w, Ly, op));
-      set_chain(L, op, std::move(dn), Tag::dnorm2, true, false);
+      set_chain(L, op, std::move(dn), M.moe_layer(Ly) ? Tag::d_shared : Tag::dnorm2, true, false);
       break;
     }
     case Fn::mlp_up_wgrad: {

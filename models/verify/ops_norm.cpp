@@ -103,7 +103,15 @@ void Interpreter::Impl::norm_op(Lane& L, Fn fn, const Op& op) {
     case Fn::post_attention_norm: norm_fwd(L, op, LK::ln2_w, LK::ln2_b, Slot::n2, Tag::norm2); break;
     case Fn::final_norm: norm_fwd(L, op, LK::final_w, LK::final_b, Slot::nf, Tag::normf); break;
     case Fn::dropout_residual: {
-      Reg& c = expect(L, op, {Tag::attn_out, Tag::mlp_out}, "a row-parallel output", false);
+      Reg& c = expect(L, op, {Tag::attn_out, Tag::mlp_out, Tag::shared_out}, "a row-parallel output", false);
+      if (c.tag == Tag::shared_out) {  // a MoE layer: its routed output waits (models/verify/ops_moe.cpp)
+        Mat* routed = find(L, Ly, mb, Slot::moe_out);
+        if (routed == nullptr || routed->rows != c.m.rows || routed->cols != c.m.cols)
+          die(op, "adds a MoE layer's output without its routed experts' part (moe_unpermute)");
+        add_into(c.m, *routed);
+        drop(L, Ly, mb, Slot::moe_out);
+        c.tag = Tag::mlp_out;
+      }
       if (c.seq_shard != sp) die(op, sp ? "adds a full-sequence output to a sequence-shard residual (no ReduceScatter)"
                                         : "adds a sequence-sharded output to the full residual");
       const bool attn = c.tag == Tag::attn_out;
@@ -140,6 +148,16 @@ void Interpreter::Impl::norm_op(Lane& L, Fn fn, const Op& op) {
     case Fn::post_attention_norm_bwd:
     case Fn::input_norm_bwd: {
       const bool ln2 = fn == Fn::post_attention_norm_bwd;
+      if (ln2 && chain(L, op).tag == Tag::d_shared) {  // a MoE layer: add the routed input gradient
+        Reg& c = chain(L, op);
+        Mat* routed = find(L, Ly, mb, Slot::moe_dx);
+        if (c.partial) die(op, "consumes the shared expert's input gradient before its TP reduction");
+        if (routed == nullptr || routed->rows != c.m.rows || routed->cols != c.m.cols)
+          die(op, "back-propagates a MoE layer without its routed experts' and router's input gradient (router_dgrad)");
+        add_into(c.m, *routed);
+        drop(L, Ly, mb, Slot::moe_dx);
+        c.tag = Tag::dnorm2;
+      }
       Mat dx = norm_bwd(L, op, ln2 ? LK::ln2_w : LK::ln1_w, ln2 ? LK::ln2_b : LK::ln1_b, ln2 ? Slot::n2 : Slot::n1,
                         ln2 ? Tag::dnorm2 : Tag::dnorm1);
       add_into(dx, need(L, Ly, mb, Slot::dx_stream, op, "the residual-stream gradient"));

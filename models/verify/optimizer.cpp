@@ -8,9 +8,14 @@ void Interpreter::Impl::optimizer(int st, const Op& op) {
   ref->wait_done();  // the reference gradient is final (streamed reference steps)
   const refmath::AdamHyper hp = verify_adam();
   const bool local = opt.inject == Injection::adam_before_sync;
-  if (dpcp > 1 && !local) {  // every gradient reduced exactly once in its scope
+  // A gradient is reduced where its replicas are more than one: DPxCP, or EDP for routed
+  // experts, which the plan reduces whenever either is (Megatron-Core's 1 / |DPxCP| scaling).
+  const bool edp_many = plan.exp.layout.edp() > 1;
+  auto reduced_scope = [&](const LocalParam& p) { return dpcp > 1 || (edp_many && expert_param(p.kind)); };
+  if (!local) {  // every gradient reduced exactly once in its scope
     const RankState& R0 = ranks[sz(stage_ranks[sz(st)].front())];
     for (size_t p = 0; p < R0.params.size(); ++p) {
+      if (!reduced_scope(R0.params[p])) continue;
       const std::string name = fmt::format("{} (layer {})", lk_name(R0.params[p].kind), R0.params[p].layer);
       if (per_mb_reduce) {
         for (int64_t mbi = 0; mbi < m_count; ++mbi)
@@ -33,7 +38,7 @@ void Interpreter::Impl::optimizer(int st, const Op& op) {
         if (local) {
           use = !p.z3 || p.owned[sz(e)];
           g[sz(e)] = p.total[sz(e)] + p.grad.v[sz(e)];
-        } else if (dpcp == 1) {
+        } else if (!reduced_scope(p)) {
           use = true;
           g[sz(e)] = p.grad.v[sz(e)];
         } else {

@@ -38,6 +38,7 @@ void Interpreter::Impl::run_op(int st, size_t idx, const Op& op, Fn fn) {
     case Fn::dp_grad: dp_grad(st, op); return;
     case Fn::dp_param_gather: dp_param_gather(st, op); return;
     case Fn::sp_grad_allreduce: sp_grad_allreduce(st, op); return;
+    case Fn::moe_comm: moe_comm(st, op); return;
     case Fn::embed_grad: die(op, "an embedding-group collective outside the scheduler's rendezvous");
     case Fn::mirror_grad: die(op, "a DualPipe mirror collective outside the scheduler's rendezvous");
     case Fn::optimizer_adam: optimizer(st, op); return;

@@ -36,6 +36,10 @@ const char* to_string(PKind k) {
     case PKind::final_w: return "final_norm.weight";
     case PKind::final_b: return "final_norm.bias";
     case PKind::head_w: return "lm_head.weight";
+    case PKind::router_w: return "moe.router.weight";
+    case PKind::eu: return "moe.experts.up.weight";
+    case PKind::eg: return "moe.experts.gate.weight";
+    case PKind::ed: return "moe.experts.down.weight";
   }
   return "?";
 }
@@ -66,7 +70,7 @@ const char* to_string(Probe p) {
 namespace {
 
 int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit; }
-constexpr int kPKinds = static_cast<int>(PKind::head_w) + 1;
+constexpr int kPKinds = static_cast<int>(PKind::ed) + 1;
 
 }  // namespace
 
@@ -111,6 +115,31 @@ Experiment shrink_experiment(const Experiment& e) {
                         : dual                              ? 2 * l.pp
                                                             : std::min<int64_t>(e.training.accumulation(l), 4);
   s.training.global_batch = s.training.micro_batch * l.dp * accum;
+  if (e.model.moe.enabled()) {
+    MoeSpec& moe = m.moe;
+    const MoeSpec& o = e.model.moe;
+    const int64_t ep = l.ep, etp = l.expert_tp();
+    const int64_t small = round_up(std::max<int64_t>(2 * ep, 4), ep);
+    moe.num_experts = o.num_experts <= small && o.num_experts % ep == 0 ? o.num_experts : small;
+    moe.router_topk = std::min(o.router_topk, std::max<int64_t>(1, moe.num_experts / 2));
+    moe.moe_ffn_hidden = 2 * etp;
+    moe.shared_expert_ffn_hidden = o.shared_expert_ffn_hidden > 0 ? m.hidden : 0;
+    moe.first_k_dense = o.first_k_dense > 0 && m.layers >= 2 ? 1 : 0;
+    moe.layer_freq = std::min<int64_t>(o.layer_freq, 2);
+    if (!o.layer_pattern.empty()) {
+      const size_t n = static_cast<size_t>(m.layers), k = o.layer_pattern.size();
+      bool dense = false, sparse = false;
+      for (uint8_t v : o.layer_pattern) (v ? sparse : dense) = true;
+      moe.layer_pattern.assign(n, 0);
+      for (size_t i = 0; i < n; ++i) moe.layer_pattern[i] = o.layer_pattern[std::min(k - 1, i * k / n)] ? 1 : 0;
+      bool nd = false, ns = false;
+      for (uint8_t v : moe.layer_pattern) (v ? ns : nd) = true;
+      if (dense && sparse && n >= 2 && !(nd && ns)) moe.layer_pattern[n - 1] = nd ? 1 : 0;
+    }
+    moe.router_expert_bias = false;
+    moe.router_num_groups = 0;
+    moe.router_group_topk = 0;
+  }
   validate_experiment(s);
   return s;
 }
@@ -135,6 +164,15 @@ TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
   tied = m.tied_embeddings;
   swiglu = m.activation == Activation::swiglu;
   if (h != heads * hd) throw InputError("verify: the tiny model needs hidden = heads * head_dim");
+  if (m.moe.enabled()) {
+    experts = m.moe.num_experts;
+    topk = m.moe.router_topk;
+    fe = m.moe.moe_ffn_hidden;
+    fs = m.moe.shared_expert_ffn_hidden;
+    sigmoid_router = m.moe.router_score == RouterScore::sigmoid;
+    moe_layers.assign(static_cast<size_t>(layers), 0);
+    for (int64_t l = 0; l < layers; ++l) moe_layers[static_cast<size_t>(l)] = m.moe.is_moe_layer(l) ? 1 : 0;
+  }
   if (rope && hd % 2 != 0) throw InputError("verify: RoPE needs an even head_dim");
   auto add = [&](PKind k, int layer, int64_t r, int64_t c) {
     segs.push_back(PSeg{k, layer, r, c, total_params});
@@ -157,6 +195,18 @@ TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
     if (bias) add(PKind::bo, l, 1, h);
     add(PKind::ln2_w, l, 1, h);
     if (layernorm) add(PKind::ln2_b, l, 1, h);
+    if (moe_layer(l)) {
+      add(PKind::router_w, l, h, experts);
+      add(PKind::eu, l, experts * h, fe);
+      add(PKind::eg, l, experts * h, fe);
+      add(PKind::ed, l, experts * fe, h);
+      if (fs > 0) {  // the shared expert: a SwiGLU MLP of fs (validated: MoE models are SwiGLU)
+        add(PKind::wu, l, h, fs);
+        add(PKind::wg, l, h, fs);
+        add(PKind::wd, l, fs, h);
+      }
+      continue;
+    }
     add(PKind::wu, l, h, ffn);
     if (bias) add(PKind::bu, l, 1, ffn);
     if (swiglu) add(PKind::wg, l, h, ffn);
@@ -276,6 +326,9 @@ std::vector<double> init_params(const TinyModel& m, uint64_t seed) {
       case PKind::bu:
       case PKind::bd: scale = 0.1; break;
       case PKind::head_w: scale = 1.0 / std::sqrt(static_cast<double>(s.cols)); break;
+      case PKind::eu:
+      case PKind::eg: scale = 1.0 / std::sqrt(static_cast<double>(m.h)); break;    // fan-in h per expert
+      case PKind::ed: scale = 1.0 / std::sqrt(static_cast<double>(m.fe)); break;   // fan-in fe per expert
       default: scale = 1.0 / std::sqrt(static_cast<double>(s.rows)); break;  // fan-in = rows
     }
     for (int64_t i = 0; i < s.rows * s.cols; ++i) p[static_cast<size_t>(s.offset + i)] = shift + scale * rng.uniform();
@@ -304,6 +357,50 @@ Batch make_batch(const TinyModel& m, uint64_t seed) {
   if (m.samples == 1) b.valid[static_cast<size_t>(m.seq - 1)] = 0;  // one sequence: still pad one
   for (uint8_t v : b.valid) b.n_valid += v;
   return b;
+}
+
+void moe_route(const TinyModel& m, const double* logits, int64_t* sel, double* prob) {
+  const int64_t E = m.experts, k = m.topk;
+  std::vector<uint8_t> taken(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e)  // strictly larger: the lower index wins a tie
+      if (!taken[static_cast<size_t>(e)] && (best < 0 || logits[e] > logits[best])) best = e;
+    taken[static_cast<size_t>(best)] = 1;
+    sel[i] = best;
+  }
+  if (m.sigmoid_router) {
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i) sum += (prob[i] = 1.0 / (1.0 + std::exp(-logits[sel[i]])));
+    if (k > 1)
+      for (int64_t i = 0; i < k; ++i) prob[i] /= sum + 1e-20;
+    return;
+  }
+  const double mx = logits[sel[0]];
+  double z = 0;
+  for (int64_t i = 0; i < k; ++i) z += (prob[i] = std::exp(logits[sel[i]] - mx));
+  for (int64_t i = 0; i < k; ++i) prob[i] /= z;
+}
+
+void moe_route_bwd(const TinyModel& m, const double* logits, const int64_t* sel, const double* prob,
+                   const double* dprob, double* dlogits) {
+  const int64_t E = m.experts, k = m.topk;
+  for (int64_t e = 0; e < E; ++e) dlogits[e] = 0;
+  double dot = 0;
+  for (int64_t i = 0; i < k; ++i) dot += dprob[i] * prob[i];
+  if (m.sigmoid_router) {
+    // p_i = s_i / D, D = sum s + 1e-20: ds_j = (dp_j - sum_i dp_i p_i) / D; ds/dz = s (1 - s).
+    double sum = 0;
+    std::vector<double> s(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) sum += (s[static_cast<size_t>(i)] = 1.0 / (1.0 + std::exp(-logits[sel[i]])));
+    for (int64_t i = 0; i < k; ++i) {
+      const double si = s[static_cast<size_t>(i)];
+      const double ds = k > 1 ? (dprob[i] - dot) / (sum + 1e-20) : dprob[i];
+      dlogits[sel[i]] = ds * si * (1.0 - si);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < k; ++i) dlogits[sel[i]] = prob[i] * (dprob[i] - dot);  // softmax over the k
 }
 
 refmath::AdamHyper verify_adam() {
@@ -415,6 +512,104 @@ void attention_backward(const TinyModel& m, const Mat& q, const Mat& k, const Ma
 }  // namespace
 
 namespace {
+
+/// One MoE layer of the reference (models/moe.hpp's eight steps without the parallelism):
+/// each token's top-k experts (moe_route), each routed copy through its expert's SwiGLU, the
+/// outputs weighted by the router weights and summed per token.
+struct MoeRefCache {
+  Mat logits;                  // T x E
+  std::vector<int64_t> sel;    // T x k
+  std::vector<double> prob;    // T x k
+  Mat u, g, act, y;            // (T k) x fe, ..., (T k) x h: copy t k + i
+};
+
+Mat moe_ref_forward(const TinyModel& m, const std::vector<double>& p, int l, const Mat& x, MoeRefCache& c) {
+  const int64_t T = x.rows, h = m.h, E = m.experts, k = m.topk, fe = m.fe;
+  const double* wr = p.data() + m.seg(PKind::router_w, l).offset;
+  const double* wu = p.data() + m.seg(PKind::eu, l).offset;
+  const double* wg = p.data() + m.seg(PKind::eg, l).offset;
+  const double* wd = p.data() + m.seg(PKind::ed, l).offset;
+  c.logits = Mat(T, E);
+  gemm(x.v.data(), wr, c.logits.v.data(), T, h, E, false);
+  c.sel.assign(static_cast<size_t>(T * k), 0);
+  c.prob.assign(static_cast<size_t>(T * k), 0.0);
+  c.u = Mat(T * k, fe);
+  c.g = Mat(T * k, fe);
+  c.act = Mat(T * k, fe);
+  c.y = Mat(T * k, h);
+  Mat out(T, h);
+  for (int64_t t = 0; t < T; ++t) {
+    moe_route(m, c.logits.row(t), c.sel.data() + t * k, c.prob.data() + t * k);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t e = c.sel[static_cast<size_t>(t * k + i)], r = t * k + i;
+      gemm(x.row(t), wu + e * h * fe, c.u.row(r), 1, h, fe, false);
+      gemm(x.row(t), wg + e * h * fe, c.g.row(r), 1, h, fe, false);
+      for (int64_t j = 0; j < fe; ++j) c.act.at(r, j) = silu(c.g.at(r, j)) * c.u.at(r, j);
+      gemm(c.act.row(r), wd + e * fe * h, c.y.row(r), 1, fe, h, false);
+      const double w = c.prob[static_cast<size_t>(r)];
+      for (int64_t j = 0; j < h; ++j) out.at(t, j) += w * c.y.at(r, j);
+    }
+  }
+  return out;
+}
+
+/// Backward of moe_ref_forward: parameter gradients into g, returns d x.
+Mat moe_ref_backward(const TinyModel& m, const std::vector<double>& p, int l, const Mat& x, const MoeRefCache& c,
+                     const Mat& dout, std::vector<double>& grad) {
+  const int64_t T = x.rows, h = m.h, E = m.experts, k = m.topk, fe = m.fe;
+  const PSeg &sr = m.seg(PKind::router_w, l), &su = m.seg(PKind::eu, l), &sg = m.seg(PKind::eg, l),
+             &sd = m.seg(PKind::ed, l);
+  const double *wr = p.data() + sr.offset, *wu = p.data() + su.offset, *wg = p.data() + sg.offset,
+               *wd = p.data() + sd.offset;
+  double *gr = grad.data() + sr.offset, *gu = grad.data() + su.offset, *gg = grad.data() + sg.offset,
+         *gd = grad.data() + sd.offset;
+  Mat dx(T, h);
+  std::vector<double> dy(static_cast<size_t>(h)), da(static_cast<size_t>(fe)), du(static_cast<size_t>(fe)),
+      dg(static_cast<size_t>(fe)), dprob(static_cast<size_t>(k)), dz(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t r = t * k + i, e = c.sel[static_cast<size_t>(r)];
+      const double w = c.prob[static_cast<size_t>(r)];
+      double dp = 0;
+      for (int64_t j = 0; j < h; ++j) {
+        dy[static_cast<size_t>(j)] = w * dout.at(t, j);
+        dp += dout.at(t, j) * c.y.at(r, j);
+      }
+      dprob[static_cast<size_t>(i)] = dp;
+      for (int64_t a = 0; a < fe; ++a) {
+        double s = 0;
+        for (int64_t j = 0; j < h; ++j) s += dy[static_cast<size_t>(j)] * wd[(e * fe + a) * h + j];
+        da[static_cast<size_t>(a)] = s;
+        for (int64_t j = 0; j < h; ++j) gd[(e * fe + a) * h + j] += c.act.at(r, a) * dy[static_cast<size_t>(j)];
+        du[static_cast<size_t>(a)] = s * silu(c.g.at(r, a));
+        dg[static_cast<size_t>(a)] = s * c.u.at(r, a) * silu_grad(c.g.at(r, a));
+      }
+      for (int64_t q = 0; q < h; ++q) {
+        double s = 0;
+        for (int64_t a = 0; a < fe; ++a) {
+          gu[(e * h + q) * fe + a] += x.at(t, q) * du[static_cast<size_t>(a)];
+          gg[(e * h + q) * fe + a] += x.at(t, q) * dg[static_cast<size_t>(a)];
+          s += du[static_cast<size_t>(a)] * wu[(e * h + q) * fe + a] + dg[static_cast<size_t>(a)] * wg[(e * h + q) * fe + a];
+        }
+        dx.at(t, q) += s;
+      }
+    }
+    moe_route_bwd(m, c.logits.row(t), c.sel.data() + t * k, c.prob.data() + t * k, dprob.data(), dz.data());
+    for (int64_t q = 0; q < h; ++q) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        gr[q * E + e] += x.at(t, q) * dz[static_cast<size_t>(e)];
+        s += dz[static_cast<size_t>(e)] * wr[q * E + e];
+      }
+      dx.at(t, q) += s;
+    }
+  }
+  return dx;
+}
+
+}  // namespace
+
+namespace {
 void compute_reference_step(const TinyModel& m, const std::vector<double>& p, const Batch& batch, RefStep& r);
 }  // namespace
 
@@ -490,6 +685,7 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     Mat q, k, v, u, g, act;
     NormCache c1, c2;
     AttnCache att;
+    MoeRefCache moe;
   };
   std::vector<LayerCache> lc(static_cast<size_t>(m.layers));
   for (int l = 0; l < static_cast<int>(m.layers); ++l) {
@@ -521,6 +717,22 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     c.n2 = &put(Probe::ln2_out, l,
                 norm_forward(x_mid, param_ptr(m, p, PKind::ln2_w, l),
                              m.layernorm ? param_ptr(m, p, PKind::ln2_b, l) : nullptr, m.layernorm, c.c2));
+    if (m.moe_layer(l)) {
+      // Routed experts (models/verify/tiny_model.hpp moe_route), then the shared expert.
+      Mat mo = moe_ref_forward(m, p, l, *c.n2, c.moe);
+      if (m.fs > 0) {
+        c.u = mm(*c.n2, PKind::wu, l);
+        c.g = mm(*c.n2, PKind::wg, l);
+        c.act = Mat::uninitialized(c.u.rows, c.u.cols);
+        for (int64_t i = 0; i < c.u.size(); ++i)
+          c.act.v[static_cast<size_t>(i)] = silu(c.g.v[static_cast<size_t>(i)]) * c.u.v[static_cast<size_t>(i)];
+        add_into(mo, mm(c.act, PKind::wd, l));
+      }
+      x = std::move(x_mid);
+      add_into(x, mo);
+      put(Probe::mlp_out, l, std::move(mo));
+      continue;
+    }
     c.u = mm(*c.n2, PKind::wu, l);
     if (m.bias) add_row_vector(c.u, param_ptr(m, p, PKind::bu, l));
     c.act = Mat::uninitialized(c.u.rows, c.u.cols);
@@ -568,6 +780,24 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
   for (int l = static_cast<int>(m.layers) - 1; l >= 0; --l) {
     LayerCache& c = lc[static_cast<size_t>(l)];
     const Mat& dout = put(Probe::d_x_out, l, std::move(dx));
+    Mat dn2;
+    if (m.moe_layer(l)) {
+      dn2 = moe_ref_backward(m, p, l, *c.n2, c.moe, dout, r.grad);
+      if (m.fs > 0) {
+        add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dout));
+        const Mat dact = mm_nt(dout, PKind::wd, l);
+        Mat du = Mat::uninitialized(dact.rows, dact.cols), dg = Mat::uninitialized(dact.rows, dact.cols);
+        for (int64_t i = 0; i < dact.size(); ++i) {
+          const size_t ii = static_cast<size_t>(i);
+          du.v[ii] = dact.v[ii] * silu(c.g.v[ii]);
+          dg.v[ii] = dact.v[ii] * c.u.v[ii] * silu_grad(c.g.v[ii]);
+        }
+        add_grad(m, r.grad, PKind::wu, l, matmul_tn(*c.n2, du));
+        add_grad(m, r.grad, PKind::wg, l, matmul_tn(*c.n2, dg));
+        add_into(dn2, mm_nt(du, PKind::wu, l));
+        add_into(dn2, mm_nt(dg, PKind::wg, l));
+      }
+    } else {
     if (m.bias) add_grad(m, r.grad, PKind::bd, l, col_sums(dout));
     add_grad(m, r.grad, PKind::wd, l, matmul_tn(c.act, dout));
     const Mat dact = mm_nt(dout, PKind::wd, l);
@@ -585,10 +815,11 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     }
     add_grad(m, r.grad, PKind::wu, l, matmul_tn(*c.n2, du));
     if (m.bias) add_grad(m, r.grad, PKind::bu, l, col_sums(du));
-    Mat dn2 = mm_nt(du, PKind::wu, l);
+    dn2 = mm_nt(du, PKind::wu, l);
     if (m.swiglu) {
       add_grad(m, r.grad, PKind::wg, l, matmul_tn(*c.n2, dg));
       add_into(dn2, mm_nt(dg, PKind::wg, l));
+    }
     }
     Mat dmid = norm_backward(put(Probe::d_ln2_out, l, std::move(dn2)), param_ptr(m, p, PKind::ln2_w, l), m.layernorm,
                              c.c2, grad_ptr(m, r.grad, PKind::ln2_w, l),

@@ -41,6 +41,15 @@ namespace dtsim::verify {
 ///  - micro_batch = min(micro_batch, 2); accumulation = min(accumulation, 4) (pp with the
 ///    interleaved schedule, which needs a multiple of pp);
 ///    global_batch = micro_batch * dp * accumulation.
+///  - mixture of experts (model.moe): E = the original E when it is at most max(2 ep, 4), else
+///    max(2 ep, 4) rounded up to a multiple of ep; top-k = min(k, max(1, E / 2));
+///    moe_ffn_hidden = 2 etp (etp = layout.expert_tp()); a shared expert keeps existing with
+///    shared_expert_ffn_hidden = hidden; first_k_dense = 1 when the original has dense first
+///    layers (and the shrunk model at least 2 layers); layer_freq = min(freq, 2); a
+///    layer_pattern is resampled to the shrunk layers, both kinds kept when the original has
+///    both. Not executed, so switched off (and listed as such by verify): the expert bias
+///    (aux-loss-free balancing updates it from load statistics, not gradients; zero bias does
+///    not change routing) and group-limited routing.
 /// Throws InputError when the layout itself is invalid.
 Experiment shrink_experiment(const Experiment& e);
 
@@ -58,6 +67,13 @@ enum class PKind {
   wd, bd,      // ffn x h, h
   final_w, final_b,
   head_w,      // V x h (untied only); logits = x head_w^T
+  // Mixture-of-experts layers (TinyModel::moe_layer): the router and the E routed SwiGLU
+  // experts, expert e's block of rows [e h, (e+1) h) of eu / eg and [e fe, (e+1) fe) of ed.
+  // The shared expert of a MoE layer is its wu / wg / wd (h x fs, fs x h): a MoE layer has no
+  // dense MLP.
+  router_w,    // h x E: logits = x router_w
+  eu, eg,      // E*h x fe
+  ed,          // E*fe x h
 };
 const char* to_string(PKind);
 
@@ -76,6 +92,13 @@ struct TinyModel {
   bool bias = false, layernorm = true, learned_pos = true, tied = false, swiglu = false, rope = false;
   std::vector<PSeg> segs;
   int64_t total_params = 0;
+  // Mixture of experts (all zero for a dense model).
+  int64_t experts = 0, topk = 0, fe = 0, fs = 0;
+  bool sigmoid_router = false;
+  std::vector<uint8_t> moe_layers;  // [layer] 1: a MoE layer
+  bool moe_layer(int layer) const {
+    return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[static_cast<size_t>(layer)] != 0;
+  }
 
   explicit TinyModel(const Experiment& shrunk);
   const PSeg& seg(PKind k, int layer = -1) const;
@@ -85,6 +108,18 @@ struct TinyModel {
   std::vector<int> seg_index_;  // [(layer + 1) * kinds + kind] -> index into segs, -1: none
   int find(PKind k, int layer) const;
 };
+
+/// Router of a MoE layer (Megatron-Core router.py TopKRouter / moe_utils.py
+/// topk_softmax_with_capacity, no pre-softmax, no scaling factor): the top k of one token's
+/// E logits (the largest first; ties broken by the lower expert index), and their weights:
+/// softmax: a softmax over the k selected logits (equal to a softmax over all E renormalised
+/// over the k, as Mixtral does); sigmoid: s = sigmoid(logit), weights s_i / (sum_k s + 1e-20)
+/// when k > 1, else s. `sel` and `prob` hold k values.
+void moe_route(const TinyModel& m, const double* logits, int64_t* sel, double* prob);
+/// The gradient of the E logits of one token (zero off the selected experts) given the
+/// gradient of its k weights.
+void moe_route_bwd(const TinyModel& m, const double* logits, const int64_t* sel, const double* prob,
+                   const double* dprob, double* dlogits);
 
 /// Parameters drawn from `seed`: weights uniform in [-1,1) / sqrt(fan_in), biases
 /// 0.1 x uniform, norm weights 1 + 0.1 x uniform, norm biases 0.1 x uniform, embeddings
@@ -107,7 +142,7 @@ Batch make_batch(const TinyModel& m, uint64_t seed);
 /// dq / dk: the gradients at the attention (before RoPE's backward); dq, dk and dv are
 /// recorded only when the layout has cp > 1 (the CP rule is their only reader).
 enum class Probe {
-  x_in, ln1_out, ctx, attn_out, ln2_out, mlp_out,              // per layer
+  x_in, ln1_out, ctx, attn_out, ln2_out, mlp_out,              // per layer (mlp_out: a MoE layer's output)
   d_x_out, d_ln2_out, d_x_mid, dq, dk, dv, d_ln1_out, d_x_in,  // per layer
   embed_out, final_ln_out, d_final_ln_out,                     // layer -1
 };

@@ -299,12 +299,22 @@ void check_world(const Experiment& e) {
                      " ranks take about 3 GB and minutes); verify a smaller dp with the same tp, cp and pp");
 }
 
-/// The MoE block's ops (models/blocks/moe.hpp) are not executed on numbers yet: refuse
-/// before any work instead of failing on the first unknown op.
+/// Model features the interpreter does not execute on numbers (verify.hpp): refuse before
+/// any work instead of failing on the first unknown op or giving a wrong reference.
 void check_modelled(const Experiment& e) {
-  if (e.model.moe.enabled())
-    throw InputError(e.source + ": model.moe: dtsim verify does not execute mixture-of-experts layers yet (router, "
-                     "dispatch / combine AllToAll, grouped experts); it verifies dense models");
+  const ModelSpec& m = e.model;
+  if (m.mla.enabled())
+    throw InputError(e.source + ": model.mla: dtsim verify does not execute multi-head latent attention (MLA); it "
+                     "verifies standard multi-head / grouped-query attention");
+  if (m.attention.window > 0)
+    throw InputError(e.source + ": model.attention.window: dtsim verify does not execute sliding-window attention "
+                     "(window " + std::to_string(m.attention.window) + "); it verifies full causal attention");
+  if (m.moe.enabled() && m.moe.capacity_factor > 0)
+    throw InputError(e.source + ": model.moe.capacity_factor: dtsim verify does not execute capacity factor (token "
+                     "drop); verify the dropless layout (capacity_factor 0)");
+  if (m.moe.enabled() && m.activation != Activation::swiglu)
+    throw InputError(e.source + ": model.moe: dtsim verify executes mixture-of-experts models with activation swiglu "
+                     "only (the routed and shared experts are SwiGLU)");
 }
 
 }  // namespace

@@ -70,6 +70,25 @@
 //    must match Op::size_bytes. A ReduceScatter shards a bucket into equal chunks (the last padded),
 //    chunk i owned by the i-th rank of the DPxCP group, which runs Adam on it; elements a
 //    rank neither owns nor has gathered since are stale and not compared until gathered.
+//  - Mixture of experts (models/verify/ops_moe.cpp, which documents the orders): every MoE op
+//    by name, the router's top-k on real scores, moe_dispatch / moe_combine (and their
+//    backward) as permutations of token rows between the ranks of the op's EP group (RankGrid
+//    GroupKind::EP: EP position j holds experts [j E/ep, (j+1) E/ep)), moe_etp_allgather /
+//    moe_etp_reducescatter over GroupKind::ETP (ETP position q holds columns
+//    [q fe/etp, (q+1) fe/etp) of every local expert), the weighted sum on the token's rank.
+//    Their size_bytes are the plan's balanced-load estimates and are not checked. The shared
+//    expert runs as the mlp_* ops (shared_up = mlp_up, ...); its result and the routed one are
+//    added where both exist. Routed-expert gradients (and ZeRO shards, ZeRO-3 chunks) live in
+//    their own buffers over GroupKind::EDP (edp_grad_*, edp_param_allgather); dp_grad_* and
+//    dp_param_allgather leave them out. ReduceOp::avg over EDP means Megatron-Core's expert
+//    gradient scaling: SUM over EDP, then x 1 / |DPxCP| (distributed_data_parallel.py,
+//    expert_gradient_scaling_factor = 1 / data_parallel_world_size), which with the loss
+//    scale above gives the full-batch gradient (each token's contribution reaches one EDP
+//    group member, scaled by |DPxCP| / N_global). The router weight is TP-replicated and
+//    computed on sequence shards: a tp_sp_grad_allreduce gradient. Not executed (refused by
+//    verify_experiment with an InputError): capacity factor / token drop, MoE without SwiGLU,
+//    MLA attention, sliding-window attention; the expert bias and group-limited routing are
+//    switched off by shrink_experiment.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -93,6 +112,9 @@ enum class Injection {
   // Plan edits (apply_plan_injection): the bugs a zero-bubble schedule's B/W split can have.
   w_before_b,             // the first stage's first weight-gradient op (W) runs before its layer's backward (B)
   drop_w,                 // the first stage's first weight-gradient op is dropped (a deferred W never runs)
+  // Mixture of experts.
+  ep_grad_avg_over_ep,    // routed-expert gradients averaged over the EP group instead of the plan's EDP reduction
+  moe_combine_unweighted, // moe_unpermute sums the top-k expert outputs without the router weights
 };
 const char* to_string(Injection);
 /// Every injection but `none`, in declaration order.
