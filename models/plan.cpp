@@ -223,10 +223,7 @@ class Builder {
   /// edp / dp_cp with average_in_collective): every token's contribution is counted once,
   /// and the result is the full-batch mean gradient. Reported as an AVG over EDP with that
   /// scaling (ReduceOp::avg; models/verify checks it on numbers).
-  /// Also with edp == 1 when dp x cp > 1: the 1 / (DP x CP) scaling applies to the expert
-  /// buffer whatever the EDP size (Megatron-Core scales every bucket before its collective,
-  /// param_and_grad_buffer.py start_grad_sync), so the reduction over a group of one stays.
-  bool expert_active() const { return (edp_ > 1 || dpcp_ > 1) && m_.moe.enabled(); }
+  bool expert_active() const { return edp_ > 1 && m_.moe.enabled(); }
   void expert_grads_ready(double params, int layer, int mb, bool sync) {
     if (!expert_active() || params <= 0) return;
     if (g_.per_layer) {

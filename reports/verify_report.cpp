@@ -44,6 +44,16 @@ std::string format_verify_report(const verify::VerifyReport& r) {
                      m.name, m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim(), m.ffn_hidden, m.vocab,
                      to_string(m.activation), to_string(m.norm), to_string(m.position),
                      m.tied_embeddings ? "tied embeddings" : "untied embeddings");
+  if (m.moe.enabled()) {
+    std::string layers;
+    for (int64_t i = 0; i < m.layers; ++i)
+      if (m.moe.is_moe_layer(i)) layers += (layers.empty() ? "" : ",") + std::to_string(i);
+    out += fmt::format("  moe      {} experts, top-{} ({} router), expert ffn {}, shared expert ffn {}, MoE layers {}; "
+                       "EP {}  ETP {}  EDP {}\n",
+                       m.moe.num_experts, m.moe.router_topk,
+                       m.moe.router_score == RouterScore::sigmoid ? "sigmoid" : "softmax", m.moe.moe_ffn_hidden,
+                       m.moe.shared_expert_ffn_hidden, layers, l.ep, l.expert_tp(), l.edp());
+  }
   out += fmt::format("  batch    seq {}, micro-batch {} x {} micro-batches x DP {} = {} sequences; {} Adam step{} in "
                      "double precision\n",
                      t.seq_len, t.micro_batch, t.accumulation(l), l.dp, t.global_batch, r.steps, r.steps == 1 ? "" : "s");

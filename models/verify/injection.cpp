@@ -67,7 +67,9 @@ std::string injection_inapplicable(Injection inj, const Experiment& e) {
     case Injection::drop_w: return "";  // every plan has weight-gradient ops on its first stage
     case Injection::ep_grad_avg_over_ep:
       // Averaging over EP mixes different experts' gradients (and drops the 1 / |DPxCP| scale).
-      return e.model.moe.enabled() && l.ep > 1 ? "" : "needs a mixture-of-experts model with layout.ep > 1";
+      return e.model.moe.enabled() && l.ep > 1 && l.edp() > 1
+                 ? ""
+                 : "needs a mixture-of-experts model with layout.ep > 1 and an EDP reduction (edp = dp tp cp / (etp ep) > 1)";
     case Injection::moe_combine_unweighted: return e.model.moe.enabled() ? "" : "needs a mixture-of-experts model";
   }
   return "";

@@ -201,9 +201,9 @@ void Interpreter::Impl::build_params(RankState& R) {
       if (M.fs > 0) {
         const int64_t fs = M.fs, fst = fs / t;
         const PSeg wu = M.seg(PKind::wu, l), wg = M.seg(PKind::wg, l), wd = M.seg(PKind::wd, l);
-        add_param(R, LK::up_w, l, h, fst, true, [=](int64_t i, int64_t c) { return wu.offset + i * fs + r * fst + c; });
-        add_param(R, LK::gate_w, l, h, fst, true, [=](int64_t i, int64_t c) { return wg.offset + i * fs + r * fst + c; });
-        add_param(R, LK::down_w, l, fst, h, true, [=](int64_t i, int64_t c) { return wd.offset + (r * fst + i) * h + c; });
+        add_param(R, LK::up_w, l, h, fst, true, [=, this](int64_t i, int64_t c) { return wu.offset + i * fs + r * fst + c; });
+        add_param(R, LK::gate_w, l, h, fst, true, [=, this](int64_t i, int64_t c) { return wg.offset + i * fs + r * fst + c; });
+        add_param(R, LK::down_w, l, fst, h, true, [=, this](int64_t i, int64_t c) { return wd.offset + (r * fst + i) * h + c; });
       }
       continue;
     }
@@ -279,13 +279,14 @@ void Interpreter::Impl::build_ranks() {
     }
   // ZeRO-3: layer parameters are sharded over DPxCP; each layer's parameters, flattened
   // in the stage's canonical order, split into equal chunks (the last padded).
+  const int64_t edp = plan.exp.layout.edp();
+  // (Routed experts with an EDP group of one rank are not sharded: their rank holds them all.)
   if (zero == 3 && dpcp > 1)
     for (auto& R : ranks)
       for (auto& p : R.params)
-        if (p.layer >= 0) p.z3 = true;
+        if (p.layer >= 0 && !(expert_param(p.kind) && edp <= 1)) p.z3 = true;
   // A MoE layer's routed experts are sharded over EDP (their own buffer, Megatron-Core
   // expert_parallel_buffers), chunked the same way.
-  const int64_t edp = plan.exp.layout.edp();
   for (auto& R : ranks) {
     std::map<std::pair<int, bool>, int64_t> offset, total;
     const int64_t edp_index = M.experts > 0 ? group_pos(R.rank, GroupKind::EDP) : 0;
@@ -294,7 +295,7 @@ void Interpreter::Impl::build_ranks() {
     for (auto& p : R.params) {
       // Without ZeRO-3 an element gets an owner from the gradient collective (every rank
       // after an AllReduce, one after a ReduceScatter); with dp*cp == 1 the rank owns all.
-      p.owned.assign(sz(p.size()), dpcp == 1 && !(edp > 1 && expert_param(p.kind)) ? 1 : 0);
+      p.owned.assign(sz(p.size()), (expert_param(p.kind) ? edp == 1 : dpcp == 1) ? 1 : 0);
       if (!p.z3) continue;
       const bool ex = expert_param(p.kind);
       const std::pair<int, bool> key{p.layer, ex};

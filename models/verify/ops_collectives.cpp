@@ -142,6 +142,8 @@ void Interpreter::Impl::chain_collective(int st, const Op& op) {
         }
         break;
       }
+      case Collective::AllToAll:  // only the MoE dispatch / combine, by name (ops_moe.cpp)
+        die(op, "AllToAll on the stage's chain: only the MoE dispatch and combine exchange tokens");
     }
   }
   if (op.type == OpType::issue) {

@@ -8,10 +8,10 @@ void Interpreter::Impl::optimizer(int st, const Op& op) {
   ref->wait_done();  // the reference gradient is final (streamed reference steps)
   const refmath::AdamHyper hp = verify_adam();
   const bool local = opt.inject == Injection::adam_before_sync;
-  // A gradient is reduced where its replicas are more than one: DPxCP, or EDP for routed
-  // experts, which the plan reduces whenever either is (Megatron-Core's 1 / |DPxCP| scaling).
+  // A gradient is reduced where its replicas are more than one: over DPxCP, or over EDP for
+  // routed experts (the plan emits no collective over a group of one rank).
   const bool edp_many = plan.exp.layout.edp() > 1;
-  auto reduced_scope = [&](const LocalParam& p) { return dpcp > 1 || (edp_many && expert_param(p.kind)); };
+  auto reduced_scope = [&](const LocalParam& p) { return expert_param(p.kind) ? edp_many : dpcp > 1; };
   if (!local) {  // every gradient reduced exactly once in its scope
     const RankState& R0 = ranks[sz(stage_ranks[sz(st)].front())];
     for (size_t p = 0; p < R0.params.size(); ++p) {
@@ -39,8 +39,11 @@ void Interpreter::Impl::optimizer(int st, const Op& op) {
           use = !p.z3 || p.owned[sz(e)];
           g[sz(e)] = p.total[sz(e)] + p.grad.v[sz(e)];
         } else if (!reduced_scope(p)) {
+          // Routed experts with an EDP group of one rank (the plan emits no collective over a
+          // group of one): Megatron-Core still scales the expert buffer by 1 / |DPxCP|
+          // (param_and_grad_buffer.py start_grad_sync, expert_gradient_scaling_factor).
           use = true;
-          g[sz(e)] = p.grad.v[sz(e)];
+          g[sz(e)] = expert_param(p.kind) && dpcp > 1 ? p.grad.v[sz(e)] / static_cast<double>(dpcp) : p.grad.v[sz(e)];
         } else {
           use = p.owned[sz(e)] && p.has_synced[sz(e)];
           g[sz(e)] = p.synced[sz(e)];

@@ -332,6 +332,12 @@ VerifyReport verify_experiment(const Experiment& e, const VerifyOptions& o) {
   auto refs = std::make_unique<RefPipeline>(model, o, o.threads != 1);
   VerifyReport rep = run_verification(build_step_plan(shrunk), model, o, std::move(refs));
   rep.original = e;
+  // Switched off by shrink_experiment (tiny_model.hpp): said, not hidden.
+  if (e.model.moe.router_expert_bias)
+    rep.notes.push_back("model.moe.router_enable_expert_bias: not executed (the bias is updated from load "
+                        "statistics, not gradients); verified without it");
+  if (e.model.moe.router_num_groups > 0)
+    rep.notes.push_back("model.moe.router_num_groups: group-limited routing not executed; verified with plain top-k");
   return rep;
 }
 

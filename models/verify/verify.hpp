@@ -84,7 +84,9 @@
 //    gradient scaling: SUM over EDP, then x 1 / |DPxCP| (distributed_data_parallel.py,
 //    expert_gradient_scaling_factor = 1 / data_parallel_world_size), which with the loss
 //    scale above gives the full-batch gradient (each token's contribution reaches one EDP
-//    group member, scaled by |DPxCP| / N_global). The router weight is TP-replicated and
+//    group member, scaled by |DPxCP| / N_global). With an EDP group of one rank the plan has
+//    no expert collective (none over a group of one); Megatron-Core still scales the expert
+//    buffer, so the optimizer applies the 1 / |DPxCP| to those gradients. The router weight is TP-replicated and
 //    computed on sequence shards: a tp_sp_grad_allreduce gradient. Not executed (refused by
 //    verify_experiment with an InputError): capacity factor / token drop, MoE without SwiGLU,
 //    MLA attention, sliding-window attention; the expert bias and group-limited routing are
