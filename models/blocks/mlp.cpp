@@ -37,41 +37,55 @@ void MlpBlock::activation_terms(const ActivationShape& a, std::vector<Activation
   }
 }
 
-void MlpBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
-  const double tok = c.b * c.s;
+MlpOps dense_mlp_ops(const ModelSpec& m) {
+  MlpOps o{static_cast<double>(m.ffn_hidden), m.activation == Activation::swiglu, "mlp_up", "mlp_gate", "gelu", "mlp_down",
+           "mlp_down_dgrad", "mlp_down_wgrad", "gelu_bwd", "mlp_up_dgrad", "mlp_up_wgrad"};
+  if (o.gated) o.act = "swiglu", o.act_bwd = "swiglu_bwd";
+  return o;
+}
+
+void mlp_forward(BlockContext& c, int layer, int mb, Phase ph, const MlpOps& o) {
+  const double tok = c.b * c.s, f = o.ffn;
+  const double gemm = 2.0 * tok * c.h * f;  // each of up, gate, down (flops.hpp ForwardFlops)
   c.tp_enter(ph, layer, mb, "tp_allgather");
-  c.gemm("mlp_up", ph, layer, mb, c.fwd.mlp_up / c.t, tok, c.f / c.t, c.h, Transpose::b);
-  if (c.m.activation == Activation::swiglu) {
-    c.gemm("mlp_gate", ph, layer, mb, c.fwd.mlp_gate / c.t, tok, c.f / c.t, c.h, Transpose::b);
-    c.compute("swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * c.f / c.t);
+  c.gemm(o.up, ph, layer, mb, gemm / c.t, tok, f / c.t, c.h, Transpose::b);
+  if (o.gated) {
+    c.gemm(o.gate, ph, layer, mb, gemm / c.t, tok, f / c.t, c.h, Transpose::b);
+    c.compute(o.act, ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * f / c.t);
   } else {
-    c.compute("gelu", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * c.f / c.t);
+    c.compute(o.act, ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * f / c.t);
   }
-  c.gemm("mlp_down", ph, layer, mb, c.fwd.mlp_down / c.t, tok, c.h, c.f / c.t, Transpose::b);
+  c.gemm(o.down, ph, layer, mb, gemm / c.t, tok, c.h, f / c.t, Transpose::b);
   c.tp_exit(ph, layer, mb, c.sp_on ? "tp_reducescatter" : "tp_allreduce");
 }
 
-void MlpBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
+void mlp_backward(BlockContext& c, int layer, int mb, BackwardPart part, const MlpOps& o) {
   const Phase ph = Phase::backward;
-  const double tok = c.b * c.s;
+  const double tok = c.b * c.s, f = o.ffn;
+  const double gemm = 2.0 * tok * c.h * f;
   const bool in = part != BackwardPart::weight;  // emit the input-gradient (B) ops
   const bool wt = part != BackwardPart::input;   // emit the weight-gradient (W) ops
   if (in) {
     c.tp_gather_output_grad(layer, mb);  // TE "fc2_dgrad"
-    c.gemm("mlp_down_dgrad", ph, layer, mb, c.fwd.mlp_down / c.t, tok, c.f / c.t, c.h, Transpose::none);
+    c.gemm(o.down_dgrad, ph, layer, mb, gemm / c.t, tok, f / c.t, c.h, Transpose::none);
   }
-  if (wt) c.gemm("mlp_down_wgrad", ph, layer, mb, c.fwd.mlp_down / c.t, c.f / c.t, c.h, tok, Transpose::a);
-  if (in) {
-    if (c.m.activation == Activation::swiglu)
-      c.compute("swiglu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * c.f / c.t * kElementwiseBwd);
-    else
-      c.compute("gelu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * c.f / c.t * kElementwiseBwd);
-  }
-  const double up_flops = (c.fwd.mlp_up + c.fwd.mlp_gate) / c.t;
-  const double up_n = (c.m.activation == Activation::swiglu ? 2.0 : 1.0) * c.f / c.t;
+  if (wt) c.gemm(o.down_wgrad, ph, layer, mb, gemm / c.t, f / c.t, c.h, tok, Transpose::a);
+  if (in)
+    c.compute(o.act_bwd, ph, layer, mb, KernelKind::memory, 0,
+              kAct * (o.gated ? 3.0 : 2.0) * tok * f / c.t * kElementwiseBwd);
+  const double up_flops = (o.gated ? gemm + gemm : gemm) / c.t;
+  const double up_n = (o.gated ? 2.0 : 1.0) * f / c.t;
   c.column_parallel_backward(
-      layer, mb, part, [&] { c.gemm("mlp_up_dgrad", ph, layer, mb, up_flops, tok, c.h, up_n, Transpose::none); },
-      [&] { c.gemm("mlp_up_wgrad", ph, layer, mb, up_flops, c.h, up_n, tok, Transpose::a); });
+      layer, mb, part, [&] { c.gemm(o.up_dgrad, ph, layer, mb, up_flops, tok, c.h, up_n, Transpose::none); },
+      [&] { c.gemm(o.up_wgrad, ph, layer, mb, up_flops, c.h, up_n, tok, Transpose::a); });
+}
+
+void MlpBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
+  mlp_forward(c, layer, mb, ph, dense_mlp_ops(c.m));
+}
+
+void MlpBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
+  mlp_backward(c, layer, mb, part, dense_mlp_ops(c.m));
 }
 
 }  // namespace dtsim::blocks

@@ -6,6 +6,21 @@
 
 namespace dtsim::blocks {
 
+/// One TP MLP's ops: a column-parallel up (+ gate), the activation, a row-parallel down.
+/// The dense MLP and a MoE layer's shared expert (Megatron-Core SharedExpertMLP, the same
+/// MLP module at its own width) emit them with their own op names and width.
+struct MlpOps {
+  double ffn = 0;      // inner width, whole (before TP)
+  bool gated = false;  // SwiGLU (up and gate) or GeLU
+  const char *up, *gate, *act, *down;
+  const char *down_dgrad, *down_wgrad, *act_bwd, *up_dgrad, *up_wgrad;
+};
+/// The dense MLP of `m` (ffn_hidden, its activation; op names mlp_*, swiglu / gelu).
+MlpOps dense_mlp_ops(const ModelSpec& m);
+/// The ops of MlpBlock::forward / backward for `o` (FLOPs 2 tokens h ffn per GEMM, / t).
+void mlp_forward(BlockContext& c, int layer, int mb, Phase ph, const MlpOps& o);
+void mlp_backward(BlockContext& c, int layer, int mb, BackwardPart part, const MlpOps& o);
+
 class MlpBlock : public Block {
  public:
   void forward(BlockContext& c, int layer, int mb, Phase ph) const override;

@@ -1,5 +1,6 @@
 #include "models/blocks/moe.hpp"
 
+#include "models/blocks/mlp.hpp"
 #include "models/blocks/norm.hpp"
 #include "models/moe.hpp"
 
@@ -59,94 +60,95 @@ void MoeBlock::activation_terms(const ActivationShape& a, std::vector<Activation
 namespace {
 
 // The shared expert: a TP MLP of f_s (Megatron-Core shared_experts.py SharedExpertMLP, a
-// column-parallel fc1 [up, gate] and a row-parallel fc2).
+// column-parallel fc1 [up, gate] and a row-parallel fc2), the dense MLP's ops at its width.
+MlpOps shared_ops(const ModelSpec& m) {
+  return {d(m.moe.shared_expert_ffn_hidden), true, "shared_up", "shared_gate", "shared_swiglu", "shared_down",
+          "shared_down_dgrad", "shared_down_wgrad", "shared_swiglu_bwd", "shared_up_dgrad", "shared_up_wgrad"};
+}
 void shared_forward(BlockContext& c, int layer, int mb, Phase ph) {
-  const double fs = d(c.m.moe.shared_expert_ffn_hidden);
-  if (fs <= 0) return;
-  const double tok = c.b * c.s;
-  c.tp_enter(ph, layer, mb, "tp_allgather");
-  c.gemm("shared_up", ph, layer, mb, 2.0 * tok * c.h * fs / c.t, tok, fs / c.t, c.h, Transpose::b);
-  c.gemm("shared_gate", ph, layer, mb, 2.0 * tok * c.h * fs / c.t, tok, fs / c.t, c.h, Transpose::b);
-  c.compute("shared_swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * fs / c.t);
-  c.gemm("shared_down", ph, layer, mb, 2.0 * tok * fs * c.h / c.t, tok, c.h, fs / c.t, Transpose::b);
-  c.tp_exit(ph, layer, mb, c.sp_on ? "tp_reducescatter" : "tp_allreduce");
+  if (c.m.moe.shared_expert_ffn_hidden > 0) mlp_forward(c, layer, mb, ph, shared_ops(c.m));
+}
+void shared_backward(BlockContext& c, int layer, int mb, BackwardPart part) {
+  if (c.m.moe.shared_expert_ffn_hidden > 0) mlp_backward(c, layer, mb, part, shared_ops(c.m));
 }
 
-void shared_backward(BlockContext& c, int layer, int mb, BackwardPart part) {
-  const double fs = d(c.m.moe.shared_expert_ffn_hidden);
-  if (fs <= 0) return;
-  const Phase ph = Phase::backward;
-  const double tok = c.b * c.s;
-  const bool in = part != BackwardPart::weight, wt = part != BackwardPart::input;
-  const double down = 2.0 * tok * fs * c.h / c.t;
-  if (in) {
-    c.tp_gather_output_grad(layer, mb);
-    c.gemm("shared_down_dgrad", ph, layer, mb, down, tok, fs / c.t, c.h, Transpose::none);
+/// An AllToAll over EP of `size` bytes: blocking, or with `overlapped` issued, `beside()` run
+/// on the compute stream while it travels, then waited for.
+template <class F>
+void ep_alltoall(BlockContext& c, const char* name, Phase ph, int layer, int mb, double size, bool overlapped,
+                 F beside) {
+  if (!overlapped) {
+    c.collective(name, ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
+    return;
   }
-  if (wt) c.gemm("shared_down_wgrad", ph, layer, mb, down, fs / c.t, c.h, tok, Transpose::a);
-  if (in) c.compute("shared_swiglu_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * tok * fs / c.t * kElementwiseBwd);
-  const double up = 2.0 * down;  // up + gate
-  c.column_parallel_backward(
-      layer, mb, part, [&] { c.gemm("shared_up_dgrad", ph, layer, mb, up, tok, c.h, 2.0 * fs / c.t, Transpose::none); },
-      [&] { c.gemm("shared_up_wgrad", ph, layer, mb, up, c.h, 2.0 * fs / c.t, tok, Transpose::a); });
+  const int h = c.issue(name, ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
+  beside();
+  c.wait(h, CommKind::EP, layer, mb, ph);
+}
+
+/// The sizes forward and backward share: models/moe.hpp's token counts, the grouped GEMMs'
+/// rows (computed) and columns (f_e / etp) and one launch per local expert.
+struct ExpertShape {
+  MoeTokens tk;
+  double E = 0, rows = 0, cols = 0;
+  int launches = 1;
+};
+ExpertShape expert_shape(const BlockContext& c) {
+  ExpertShape x;
+  x.tk = moe_tokens(c.e, c.b);
+  x.E = d(c.m.moe.num_experts);
+  x.rows = x.tk.computed;
+  x.cols = d(c.m.moe.moe_ffn_hidden) / d(c.l.expert_tp());
+  x.launches = static_cast<int>(x.tk.local_experts);
+  return x;
 }
 
 }  // namespace
 
 void MoeBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
-  const MoeTokens tk = moe_tokens(c.e, c.b);
-  const double E = d(c.m.moe.num_experts), fe = d(c.m.moe.moe_ffn_hidden), etp = d(c.l.expert_tp());
-  const int launches = static_cast<int>(tk.local_experts);
-  c.gemm("router", ph, layer, mb, 2.0 * tk.tokens * c.h * E, tk.tokens, E, c.h, Transpose::b, false);
-  c.compute("router_topk", ph, layer, mb, KernelKind::memory, 0, 2.0 * kRouterScoreBytes * tk.tokens * E, 2);
+  const ExpertShape x = expert_shape(c);
+  const MoeTokens& tk = x.tk;
+  const double rows = x.rows, cols = x.cols;
+  c.gemm("router", ph, layer, mb, 2.0 * tk.tokens * c.h * x.E, tk.tokens, x.E, c.h, Transpose::b, false);
+  c.compute("router_topk", ph, layer, mb, KernelKind::memory, 0, 2.0 * kRouterScoreBytes * tk.tokens * x.E, 2);
   c.compute("moe_permute", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
-  const double dispatch = tk.received * c.h * moe_dispatch_bytes_per_element(c.e.training);
-  int shared_wait = -1;
-  if (c.e.training.moe_shared_expert_overlap && c.m.moe.shared_expert_ffn_hidden > 0) {
-    shared_wait = c.issue("moe_dispatch", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, dispatch);
-    shared_forward(c, layer, mb, ph);
-    c.wait(shared_wait, CommKind::EP, layer, mb, ph);
-  } else {
-    c.collective("moe_dispatch", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, dispatch);
-  }
+  const bool overlap_shared = c.e.training.moe_shared_expert_overlap && c.m.moe.shared_expert_ffn_hidden > 0;
+  ep_alltoall(c, "moe_dispatch", ph, layer, mb, tk.received * c.h * moe_dispatch_bytes_per_element(c.e.training),
+              overlap_shared, [&] { shared_forward(c, layer, mb, ph); });
   c.collective("moe_etp_allgather", ph, layer, mb, CommKind::EP, Collective::AllGather, GroupKind::ETP,
                kAct * tk.computed * c.h);
-  const double rows = tk.computed, cols = fe / etp;
-  c.gemm("expert_up", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, launches);
-  c.gemm("expert_gate", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, launches);
+  c.gemm("expert_up", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches);
+  c.gemm("expert_gate", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches);
   c.compute("expert_swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * rows * cols);
-  c.gemm("expert_down", ph, layer, mb, 2.0 * rows * cols * c.h, rows, c.h, cols, Transpose::b, true, launches);
+  c.gemm("expert_down", ph, layer, mb, 2.0 * rows * cols * c.h, rows, c.h, cols, Transpose::b, true, x.launches);
   c.collective("moe_etp_reducescatter", ph, layer, mb, CommKind::EP, Collective::ReduceScatter, GroupKind::ETP,
                kAct * tk.computed * c.h);
   c.collective("moe_combine", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, kAct * tk.received * c.h);
   c.compute("moe_unpermute", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
-  if (shared_wait < 0) shared_forward(c, layer, mb, ph);
+  if (!overlap_shared) shared_forward(c, layer, mb, ph);
 }
 
 void MoeBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   const Phase ph = Phase::backward;
-  const MoeTokens tk = moe_tokens(c.e, c.b);
-  const double E = d(c.m.moe.num_experts), fe = d(c.m.moe.moe_ffn_hidden), etp = d(c.l.expert_tp());
-  const int launches = static_cast<int>(tk.local_experts);
+  const ExpertShape x = expert_shape(c);
+  const MoeTokens& tk = x.tk;
+  const double rows = x.rows, cols = x.cols, E = x.E;
   const bool in = part != BackwardPart::weight, wt = part != BackwardPart::input;
-  const double rows = tk.computed, cols = fe / etp;
   const double down = 2.0 * rows * cols * c.h, up = 2.0 * down;
   const bool delay = c.e.training.delay_wgrad_compute && part == BackwardPart::full;
   const bool overlap_shared = c.e.training.moe_shared_expert_overlap && c.m.moe.shared_expert_ffn_hidden > 0;
   auto grouped = [&](const char* name, double flops, double m, double n, double k, Transpose tr) {
-    c.gemm(name, ph, layer, mb, flops, m, n, k, tr, true, launches);
+    c.gemm(name, ph, layer, mb, flops, m, n, k, tr, true, x.launches);
   };
-  int combine = -1;
+  auto expert_wgrads = [&] {
+    grouped("expert_down_wgrad", down, cols, c.h, rows, Transpose::a);
+    grouped("expert_up_wgrad", up, c.h, 2.0 * cols, rows, Transpose::a);
+  };
   if (in) {
     c.compute("moe_unpermute_bwd", ph, layer, mb, KernelKind::memory, 0, 3.0 * kAct * tk.routed * c.h);
-    const double size = kAct * tk.received * c.h;
-    if (overlap_shared) {
-      combine = c.issue("moe_combine_bwd", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
-      shared_backward(c, layer, mb, part);
-      c.wait(combine, CommKind::EP, layer, mb, ph);
-    } else {
-      c.collective("moe_combine_bwd", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
-    }
+    // With the shared expert overlapped, its backward runs while the combine's backward travels.
+    ep_alltoall(c, "moe_combine_bwd", ph, layer, mb, kAct * tk.received * c.h, overlap_shared,
+                [&] { shared_backward(c, layer, mb, part); });
     c.collective("moe_etp_allgather_bwd", ph, layer, mb, CommKind::EP, Collective::AllGather, GroupKind::ETP,
                  kAct * tk.computed * c.h);
     grouped("expert_down_dgrad", down, rows, cols, c.h, Transpose::none);
@@ -157,29 +159,19 @@ void MoeBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) c
     grouped("expert_up_dgrad", up, rows, c.h, 2.0 * cols, Transpose::none);
   }
   if (wt && !delay) grouped("expert_up_wgrad", up, c.h, 2.0 * cols, rows, Transpose::a);
-  int dispatch = -1;
   if (in) {
     c.collective("moe_etp_reducescatter_bwd", ph, layer, mb, CommKind::EP, Collective::ReduceScatter, GroupKind::ETP,
                  kAct * tk.computed * c.h);
-    const double size = kAct * tk.received * c.h;
-    if (delay)
-      dispatch = c.issue("moe_dispatch_bwd", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
-    else
-      c.collective("moe_dispatch_bwd", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, size);
-  }
-  if (delay) {
-    // Megatron-Core --delay-wgrad-compute: the expert wgrads run while the dispatch's
-    // backward AllToAll travels (moe_layer.py, backward_dw after the dispatch backward).
-    grouped("expert_down_wgrad", down, cols, c.h, rows, Transpose::a);
-    grouped("expert_up_wgrad", up, c.h, 2.0 * cols, rows, Transpose::a);
-    c.wait(dispatch, CommKind::EP, layer, mb, ph);
-  }
-  if (in) {
+    // Megatron-Core --delay-wgrad-compute: the expert wgrads run while the dispatch's backward
+    // AllToAll travels (moe_layer.py, backward_dw after the dispatch backward).
+    ep_alltoall(c, "moe_dispatch_bwd", ph, layer, mb, kAct * tk.received * c.h, delay, expert_wgrads);
     c.compute("moe_permute_bwd", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
     c.compute("router_topk_bwd", ph, layer, mb, KernelKind::memory, 0, 2.0 * kRouterScoreBytes * tk.tokens * E, 2);
     c.gemm("router_dgrad", ph, layer, mb, 2.0 * tk.tokens * c.h * E, tk.tokens, c.h, E, Transpose::none, false);
   }
   if (wt) c.gemm("router_wgrad", ph, layer, mb, 2.0 * tk.tokens * c.h * E, E, c.h, tk.tokens, Transpose::a, false);
+  // The shared expert: inside the combine's backward when overlapped (its W part alone here
+  // for a split backward), else after the router.
   if (!overlap_shared || !in) shared_backward(c, layer, mb, overlap_shared ? BackwardPart::weight : part);
 }
 
