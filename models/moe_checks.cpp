@@ -1,0 +1,67 @@
+// The mixture-of-experts, MLA, local-attention and expert-layout checks of an experiment
+// (models/moe_checks.hpp), called by models/experiment_io.cpp check_experiment.
+#include "models/moe_checks.hpp"
+
+#include <string>
+
+#include "models/rank_grid.hpp"
+
+namespace dtsim {
+
+void check_moe(const Experiment& e, ProblemList& p) {
+  const ModelSpec& m = e.model;
+  const MoeSpec& x = m.moe;
+  const Layout& l = e.layout;
+  auto s = [](auto v) { return std::to_string(v); };
+  if (m.head_dim_override < 0) p.add("model.head_dim=" + s(m.head_dim_override) + " must be positive");
+  if (m.mtp_layers < 0) p.add("model.mtp_layers=" + s(m.mtp_layers) + " must be >= 0");
+  if (m.mtp_layers > 0)
+    p.add("model.mtp_layers=" + s(m.mtp_layers) + ": multi-token prediction layers are not simulated yet (set 0)");
+  if (m.mla.enabled() || m.mla.q_lora_rank != 0 || m.mla.v_head_dim != 0)
+    p.add("model.mla: multi-head latent attention is not simulated yet (its block is not built)");
+  if (m.attention.window < 0) p.add("model.attention.window=" + s(m.attention.window) + " must be positive");
+  if (m.attention.window > 0 || m.attention.sinks)
+    p.add("model.attention: sliding-window attention and sinks are not simulated yet");
+  const bool moe_opts = e.training.overlap_moe_expert_parallel_comm || e.training.delay_wgrad_compute ||
+                        e.training.moe_shared_expert_overlap || e.training.moe_token_dispatcher != "alltoall";
+  if (moe_opts && !x.enabled())
+    p.add("training.overlap_moe_expert_parallel_comm / delay_wgrad_compute / moe_shared_expert_overlap / "
+          "moe_token_dispatcher need a mixture-of-experts model (model.moe)");
+  if (e.training.overlap_moe_expert_parallel_comm)
+    p.add("training.overlap_moe_expert_parallel_comm: the overlap of two micro-batches' AllToAll with each other's "
+          "compute is not simulated yet (set false)");
+  if (const std::string why = expert_layout_problem(l, x.num_experts); !why.empty()) p.add(why);
+  if (!x.enabled()) {
+    if (x.num_experts < 0) p.add("model.moe.num_experts=" + s(x.num_experts) + " must be positive");
+    return;
+  }
+  if (x.router_topk < 1 || x.router_topk > x.num_experts)
+    p.add("model.moe.router_topk=" + s(x.router_topk) + " must be in [1, num_experts=" + s(x.num_experts) + "]");
+  if (x.moe_ffn_hidden <= 0) p.add("model.moe.moe_ffn_hidden=" + s(x.moe_ffn_hidden) + " must be positive");
+  if (x.shared_expert_ffn_hidden < 0)
+    p.add("model.moe.shared_expert_ffn_hidden=" + s(x.shared_expert_ffn_hidden) + " must be >= 0");
+  if (x.first_k_dense < 0 || x.first_k_dense >= m.layers)
+    p.add("model.moe.first_k_dense=" + s(x.first_k_dense) + " must be in [0, model.layers=" + s(m.layers) + ")");
+  if (x.layer_freq < 1) p.add("model.moe.layer_freq=" + s(x.layer_freq) + " must be >= 1");
+  if (!x.layer_pattern.empty() && static_cast<int64_t>(x.layer_pattern.size()) != m.layers)
+    p.add("model.moe.layer_freq lists " + s(x.layer_pattern.size()) + " layers; model.layers=" + s(m.layers));
+  if (x.router_num_groups < 0 || (x.router_num_groups > 0 && x.num_experts % x.router_num_groups != 0))
+    p.add("model.moe.router_num_groups=" + s(x.router_num_groups) + " must divide num_experts=" + s(x.num_experts));
+  if (x.router_num_groups > 0 && (x.router_group_topk < 1 || x.router_group_topk > x.router_num_groups))
+    p.add("model.moe.router_group_topk=" + s(x.router_group_topk) + " must be in [1, router_num_groups=" +
+          s(x.router_num_groups) + "]");
+  if (x.capacity_factor < 0) p.add("model.moe.capacity_factor=" + std::to_string(x.capacity_factor) + " must be >= 0 (0: dropless)");
+  if (x.pad_to_capacity && x.capacity_factor <= 0)
+    p.add("model.moe.pad_to_capacity needs model.moe.capacity_factor > 0");
+  if (x.balance == RouterBalance::measured && !(x.load_imbalance >= 1.0))
+    p.add("model.moe.load_imbalance=" + std::to_string(x.load_imbalance) + " must be >= 1 (max / mean tokens)");
+  if (m.activation != Activation::swiglu)
+    p.add("model.moe: routed experts are SwiGLU MLPs; model.activation must be swiglu");
+  // Megatron-Core transformer_config.py: "When using MoE and tensor parallelism, sequence
+  // parallelism must be used" (tensor_model_parallel_size > 1 with num_moe_experts).
+  if (l.tp > 1 && !l.sequence_parallel)
+    p.add("layout.sequence_parallel must be true for a mixture-of-experts model with layout.tp > 1 (Megatron-Core "
+          "requires it)");
+}
+
+}  // namespace dtsim

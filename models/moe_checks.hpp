@@ -1,0 +1,15 @@
+#pragma once
+// Input checks of the mixture-of-experts model and layout keys (model.moe, layout.ep / etp,
+// training MoE options) and the refusals of what is parsed but not simulated yet (model.mla,
+// model.attention, model.mtp_layers, training.overlap_moe_expert_parallel_comm). Each problem
+// names its key and the violated constraint (models/errors.hpp ProblemList).
+#include "models/errors.hpp"
+#include "models/experiment.hpp"
+
+namespace dtsim {
+
+/// Adds one line to `p` per violated constraint of `e`'s MoE, MLA, attention-window and
+/// expert-layout settings (models/experiment.hpp MoeSpec, Layout::ep / etp).
+void check_moe(const Experiment& e, ProblemList& p);
+
+}  // namespace dtsim
