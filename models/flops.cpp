@@ -237,9 +237,9 @@ std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, c
 }
 
 blocks::RankParams stage_layer_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage) {
+  if (!m.moe.enabled() && m.attention.window <= 0)  // every layer alike: the old product, bit for bit
+    return {d(checked_rank_split(m, l, stage).layers) * layer_parameters_per_tp_rank(m, l.tp), 0.0};
   const auto kinds = stage_layer_kinds(m, l, stage);
-  if (kinds[0] == checked_rank_split(m, l, stage).layers)  // dense only: the old sum, bit for bit
-    return {d(kinds[0]) * layer_parameters_per_tp_rank(m, l.tp), 0.0};
   const blocks::ModelBlocks mb(m);
   blocks::RankParams sum;
   for (int k = 0; k < blocks::kLayerKinds; ++k) {
@@ -253,6 +253,7 @@ blocks::RankParams stage_layer_parameters_per_rank(const ModelSpec& m, const Lay
 }
 
 double stage_expert_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage) {
+  if (!m.moe.enabled()) return 0.0;
   return stage_layer_parameters_per_rank(m, l, stage).expert;
 }
 

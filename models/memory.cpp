@@ -324,8 +324,8 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
   out.step_transient_bytes = ms.step_transient_bytes;
   const int64_t layers = stage_layer_count(e.model, l, stage);
   // The largest layer of the stage on one rank (a MoE layer holds its E / ep experts too).
-  double layer = 0;
-  {
+  double layer = e.model.moe.enabled() ? 0.0 : layer_parameters_per_tp_rank(e.model, l.tp);
+  if (e.model.moe.enabled()) {
     const auto kinds = stage_layer_kinds(e.model, l, stage);
     const blocks::ModelBlocks mbk(e.model);
     for (int k = 0; k < blocks::kLayerKinds; ++k) {

@@ -137,21 +137,27 @@ std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t f
   return n;
 }
 
-ModelBlocks::ModelBlocks(const ModelSpec& m)
-    : m_(m), embedding_(std::make_unique<EmbeddingBlock>()), head_(std::make_unique<LmHeadBlock>()) {}
+ModelBlocks::ModelBlocks(const ModelSpec& m) : moe_(m.moe), attention_(m.attention) {}
 
-const Layer& ModelBlocks::kind(int k) const {
-  auto& slot = kinds_.at(static_cast<size_t>(k));
-  if (!slot) slot = std::make_unique<Layer>(layer_spec(m_, k));
-  return *slot;
+namespace {
+/// The process-wide blocks: built on first use (thread-safe static initialisation), read-only.
+struct SharedBlocks {
+  EmbeddingBlock embedding;
+  LmHeadBlock head;
+  std::array<std::unique_ptr<Layer>, kLayerKinds> kinds;
+  SharedBlocks() {
+    const ModelSpec m;  // layer_spec reads no width: a kind's block list is the same for every model
+    for (int k = 0; k < kLayerKinds; ++k) kinds[static_cast<size_t>(k)] = std::make_unique<Layer>(layer_spec(m, k));
+  }
+};
+const SharedBlocks& shared_blocks() {
+  static const SharedBlocks b;
+  return b;
 }
+}  // namespace
 
-RankParams ModelBlocks::rank_parameters(int64_t index, const Layout& l) const {
-  const Layer& ly = layer(index);
-  RankParams p;
-  p.dense = ly.parameters_per_tp_rank(m_, l.tp);
-  p.expert = ly.parameters(m_).expert_weights / static_cast<double>(l.ep * l.expert_tp());
-  return p;
-}
+const Layer& ModelBlocks::kind(int k) const { return *shared_blocks().kinds.at(static_cast<size_t>(k)); }
+const Block& ModelBlocks::embedding() const { return shared_blocks().embedding; }
+const Block& ModelBlocks::head() const { return shared_blocks().head; }
 
 }  // namespace dtsim::blocks

@@ -108,18 +108,19 @@ class ModelBlocks {
  public:
   explicit ModelBlocks(const ModelSpec& m);
   /// The block list of global layer `index` (its layer_kind).
-  const Layer& layer(int64_t index) const { return kind(layer_kind(m_, index)); }
+  const Layer& layer(int64_t index) const { return kind(layer_kind(moe_, attention_, index)); }
   /// The block list of a layer kind (0 <= k < kLayerKinds).
   const Layer& kind(int k) const;
-  const Block& embedding() const { return *embedding_; }
-  const Block& head() const { return *head_; }
-  /// RankParams of global layer `index` under layout `l`.
-  RankParams rank_parameters(int64_t index, const Layout& l) const;
+  const Block& embedding() const;
+  const Block& head() const;
 
  private:
-  ModelSpec m_;
-  std::unique_ptr<Block> embedding_, head_;
-  mutable std::array<std::unique_ptr<Layer>, kLayerKinds> kinds_;
+  // What picks a layer's kind (layer_kind); the rest of the ModelSpec is read by the blocks
+  // through their BlockContext. Copies without heap allocation for a dense model.
+  MoeSpec moe_;
+  AttentionWindow attention_;
+  // Blocks hold no per-model state (block.hpp), so the embedding, the head and the block list
+  // of each layer kind are built once per process and shared (layer.cpp).
 };
 
 }  // namespace dtsim::blocks

@@ -9,8 +9,9 @@
 namespace dtsim::blocks {
 
 inline constexpr int kLayerKinds = 4;
-inline int layer_kind(const ModelSpec& m, int64_t index) {
-  return (m.moe.is_moe_layer(index) ? 1 : 0) + (m.attention.windowed(index) ? 2 : 0);
+inline int layer_kind(const MoeSpec& moe, const AttentionWindow& attention, int64_t index) {
+  return (moe.is_moe_layer(index) ? 1 : 0) + (attention.windowed(index) ? 2 : 0);
 }
+inline int layer_kind(const ModelSpec& m, int64_t index) { return layer_kind(m.moe, m.attention, index); }
 
 }  // namespace dtsim::blocks

@@ -172,10 +172,11 @@ void check_experiment(const Experiment& e) {
   // Memory's per-layer figure is the stage's layers' (the layer-0 figure when all are alike).
   EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
             stage_layer_activation_bytes(e, 0, l.recompute, e.training.flash_attention));
-  if (!m.moe.enabled() && m.attention.window <= 0)
+  if (!m.moe.enabled() && m.attention.window <= 0) {
     EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
               layer_activation_bytes(m, s, e.training.micro_batch, seq, l.tp, sp, l.recompute,
                                      e.training.flash_attention));
+  }
   std::vector<ActivationTerm> emb, head;
   model.embedding().activation_terms(shape, emb);
   model.head().activation_terms(shape, head);
