@@ -24,6 +24,7 @@
 #include "models/verify/tensor.hpp"
 #include "models/verify/tiny_model.hpp"
 #include "models/verify/verify.hpp"
+#include "tests/unit/verify_describe.hpp"
 
 namespace dtsim::verify {
 namespace {
@@ -101,16 +102,7 @@ Experiment make(const Case& c) {
   return e;
 }
 
-std::string describe(const VerifyReport& r) {
-  std::string s;
-  for (const auto& x : r.rules) {
-    s += "\n  " + x.name + (x.applicable ? (x.passed ? " PASS " : " FAIL ") : " n/a ") +
-         std::to_string(x.max_abs_error) + " over " + std::to_string(x.values) + " values; worst: " + x.worst;
-    for (const auto& p : x.problems) s += "\n    - " + p;
-  }
-  for (const auto& n : r.notes) s += "\n  note: " + n;
-  return s;
-}
+using test_text::describe;
 
 bool has_gap_note(const VerifyReport& r) {
   return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("plan gap", 0) == 0; });

@@ -12,6 +12,7 @@
 #include "models/plan.hpp"
 #include "models/verify/tiny_model.hpp"
 #include "models/verify/verify.hpp"
+#include "tests/unit/verify_describe.hpp"
 
 namespace dtsim::verify {
 namespace {
@@ -63,15 +64,7 @@ Experiment make(const MoeCase& c) {
   return e;
 }
 
-std::string describe(const VerifyReport& r) {
-  std::string s;
-  for (const auto& x : r.rules) {
-    s += "\n  " + x.name + (x.applicable ? (x.passed ? " PASS " : " FAIL ") : " n/a ") +
-         std::to_string(x.max_abs_error) + " over " + std::to_string(x.values) + " values; worst: " + x.worst;
-    for (const auto& p : x.problems) s += "\n    - " + p;
-  }
-  return s;
-}
+using test_text::describe;
 
 VerifyOptions opts(Injection inj = Injection::none, int steps = 2) {
   VerifyOptions o;

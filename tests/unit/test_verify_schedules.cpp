@@ -18,6 +18,7 @@
 #include "models/plan.hpp"
 #include "models/verify/tiny_model.hpp"
 #include "models/verify/verify.hpp"
+#include "tests/unit/verify_describe.hpp"
 
 namespace dtsim::verify {
 namespace {
@@ -63,16 +64,7 @@ Experiment make(const Layout2& c) {
   return shrink_experiment(e);
 }
 
-std::string describe(const VerifyReport& r) {
-  std::string s;
-  for (const auto& x : r.rules) {
-    s += "\n  " + x.name + (x.applicable ? (x.passed ? " PASS " : " FAIL ") : " n/a ") +
-         std::to_string(x.max_abs_error) + "; worst: " + x.worst;
-    for (const auto& p : x.problems) s += "\n    - " + p;
-  }
-  for (const auto& n : r.notes) s += "\n  note: " + n;
-  return s;
-}
+using test_text::describe;
 
 bool is_w(const Op& op) {
   const std::string_view n = op.name;
