@@ -8,8 +8,11 @@
 //   model: name, layers, hidden, heads, kv_heads (= heads), ffn_hidden, activation
 //          (gelu|swiglu), vocab, tied_embeddings, norm (layernorm|rmsnorm), position
 //          (learned|rope), max_position_embeddings (optional; positive), hf_config (optional
-//          PATH, relative to the YAML file; YAML keys beside it override the JSON; every key
-//          of the JSON is read, harmless or an error: models/hf_config_keys.hpp)
+//          PATH, relative to the YAML file; YAML keys beside it override the JSON, model.moe
+//          and model.mla key by key over the JSON's experts and MLA; every key of the JSON is
+//          read, harmless or an error: models/hf_config_keys.hpp; model_type llama, mistral,
+//          qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt2,
+//          gpt_neox)
 //   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
 //          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead}),
 //          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
@@ -334,14 +337,27 @@ struct ModelDraft {
   std::optional<Position> position;
   // Which config.json key feeds each ModelSpec field (for "missing" messages).
   std::map<std::string, std::string> json_key;
-  // config.json keys checked against the final model (models/hf_config_keys.hpp): an explicit
-  // head_dim, the linear biases (with the family's transformers default), a sliding window.
+  // An explicit attention head size (ModelSpec::head_dim_override; YAML model.head_dim wins).
+  std::optional<int64_t> head_dim;
+  // Mixture of experts of the MoE families (YAML model.moe keys override its fields).
+  // `moe_ffn_is_ffn_hidden`: the experts' size is the final ffn_hidden (Mixtral's
+  // intermediate_size serves both). `moe_layer`: which global layers are MoE, when the
+  // family's rule is not MoeSpec's first_k_dense / layer_freq one; read_model turns it into
+  // MoeSpec::layer_pattern once the final layer count is known.
+  std::optional<MoeSpec> moe;
+  bool moe_ffn_is_ffn_hidden = false;
+  std::function<bool(int64_t)> moe_layer;
+  // DeepSeek multi-head latent attention and multi-token prediction modules.
+  std::optional<MlaSpec> mla;
+  std::optional<int64_t> mtp_layers;
+  // config.json keys checked against the final model (models/hf_config_keys.hpp): the linear
+  // biases (with the family's transformers default) and a sliding window.
   std::string hf_where;
-  std::optional<int64_t> hf_head_dim, hf_sliding_window;
+  std::optional<int64_t> hf_sliding_window;
   std::optional<bool> hf_attention_bias, hf_mlp_bias;
 };
 
-enum class HfFamily { llama, gpt2, neox };
+using HfFamily = HfKeyFamily;
 
 class HfReader {
  public:
@@ -369,7 +385,24 @@ class HfReader {
     add(quote(key) + "=" + v.dump() + " is not a string");
     return std::nullopt;
   }
+  /// A list of integers; null or absent: nullopt.
+  std::optional<std::vector<int64_t>> integer_list(const std::string& key) {
+    if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
+    const auto& v = j_[key];
+    bool ok = v.is_array();
+    std::vector<int64_t> out;
+    if (ok)
+      for (const auto& x : v) {
+        ok = ok && x.is_number_integer();
+        if (ok) out.push_back(x.get<int64_t>());
+      }
+    if (ok) return out;
+    add(quote(key) + "=" + v.dump() + " is not a list of integers");
+    return std::nullopt;
+  }
   bool contains(const std::string& key) const { return j_.contains(key); }
+  /// The key is present with the value null.
+  bool is_null(const std::string& key) const { return j_.contains(key) && j_[key].is_null(); }
   std::optional<Activation> activation(const std::string& key, bool gated_family) {
     auto act = text(key);
     if (!act) return std::nullopt;
@@ -396,20 +429,232 @@ class HfReader {
   std::string where_;
 };
 
+const char* const kSupportedModelTypes =
+    "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt2, gpt_neox";
+
 std::optional<HfFamily> detect_family(HfReader& r, const nlohmann::json& j) {
   if (j.contains("model_type") && j["model_type"].is_string()) {
     const std::string t = j["model_type"].get<std::string>();
-    if (t == "llama" || t == "mistral" || t == "qwen2") return HfFamily::llama;
+    if (t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3") return HfFamily::llama;
+    if (t == "mixtral") return HfFamily::mixtral;
+    if (t == "qwen2_moe") return HfFamily::qwen2_moe;
+    if (t == "qwen3_moe") return HfFamily::qwen3_moe;
+    if (t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2") return HfFamily::deepseek;
     if (t == "gpt2") return HfFamily::gpt2;
     if (t == "gpt_neox") return HfFamily::neox;
-    r.add("model_type=" + quote(t) + " is not supported (supported: llama, mistral, qwen2, gpt2, gpt_neox)");
+    r.add("model_type=" + quote(t) + " is not supported (supported: " + kSupportedModelTypes + ")");
     return std::nullopt;
   }
   if (r.contains("n_embd") || r.contains("n_layer")) return HfFamily::gpt2;
   if (r.contains("rotary_pct") || r.contains("use_parallel_residual")) return HfFamily::neox;
   if (r.contains("num_hidden_layers")) return HfFamily::llama;
-  r.add("no \"model_type\" and no recognizable keys (supported: llama, mistral, qwen2, gpt2, gpt_neox)");
+  r.add(std::string("no \"model_type\" and no recognizable keys (supported: ") + kSupportedModelTypes + ")");
   return std::nullopt;
+}
+
+// The keys every Llama-like family (Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE, DeepSeek)
+// shares: transformers LlamaConfig names, RMSNorm, RoPE, SwiGLU for silu.
+void read_llama_like(HfReader& r, ModelDraft& d) {
+  d.json_key = {{"layers", "num_hidden_layers"},   {"hidden", "hidden_size"},
+                {"heads", "num_attention_heads"},  {"ffn_hidden", "intermediate_size"},
+                {"vocab", "vocab_size"},           {"activation", "hidden_act"}};
+  d.layers = r.integer("num_hidden_layers");
+  d.hidden = r.integer("hidden_size");
+  d.heads = r.integer("num_attention_heads");
+  d.kv_heads = r.integer("num_key_value_heads");  // absent -> = heads (MHA)
+  d.ffn_hidden = r.integer("intermediate_size");
+  d.vocab = r.integer("vocab_size");
+  d.activation = r.activation("hidden_act", true);
+  d.tied = r.boolean("tie_word_embeddings");  // transformers default: false
+  if (!d.tied) d.tied = false;
+  d.norm = Norm::rmsnorm;
+  d.position = Position::rope;
+  d.max_pos = r.integer("max_position_embeddings");
+  // LlamaConfig / MistralConfig / Qwen3Config / DeepseekV2Config defaults: attention_bias=False,
+  // mlp_bias=False.
+  d.hf_attention_bias = r.boolean("attention_bias");
+  if (!d.hf_attention_bias) d.hf_attention_bias = false;
+  d.hf_mlp_bias = r.boolean("mlp_bias");
+  if (!d.hf_mlp_bias) d.hf_mlp_bias = false;
+}
+
+// An explicit head_dim (Llama-3.2, Mistral-Nemo, Qwen3): the attention head size when it is not
+// hidden_size / num_attention_heads of the same file (equal, it is the default and YAML
+// overrides of hidden or heads keep deriving the head size). Qwen3Config's default is 128;
+// the others derive it (MixtralConfig and Qwen3MoeConfig: head_dim None / absent).
+void read_head_dim(HfReader& r, ModelDraft& d, const std::string& type) {
+  auto hd = r.integer("head_dim");
+  if (!hd && type == "qwen3" && !r.contains("head_dim")) hd = 128;
+  if (hd && !(d.hidden && d.heads && *d.heads > 0 && *hd * *d.heads == *d.hidden)) d.head_dim = hd;
+}
+
+// Sliding-window attention: MistralConfig's default window is 4096 when the key is absent
+// (MixtralConfig's is None); Qwen2Config, Qwen3Config and the Qwen MoE configs apply
+// sliding_window only with use_sliding_window (default False); null means full attention.
+void read_sliding_window(HfReader& r, ModelDraft& d, const std::string& type) {
+  const bool is_qwen = type.rfind("qwen", 0) == 0;
+  const auto use = r.boolean("use_sliding_window");
+  d.hf_sliding_window = r.integer("sliding_window");
+  if (!d.hf_sliding_window && type == "mistral" && !r.contains("sliding_window")) d.hf_sliding_window = 4096;
+  if (use ? !*use : is_qwen) d.hf_sliding_window.reset();
+}
+
+// A positive integer key, or its transformers default when absent or null.
+int64_t positive_or(HfReader& r, const std::string& key, int64_t fallback) {
+  auto v = r.integer(key);
+  if (v && *v <= 0) {
+    r.add(quote(key) + "=" + std::to_string(*v) + " must be a positive integer");
+    return fallback;
+  }
+  return v ? *v : fallback;
+}
+
+// transformers configuration_mixtral.py (MixtralConfig): every layer's MLP is a sparse block
+// of num_local_experts SwiGLU experts of intermediate_size (MixtralSparseMoeBlock), top
+// num_experts_per_tok of a softmax router. Defaults: 8 experts, top-2, 8 key/value heads.
+void read_mixtral(HfReader& r, ModelDraft& d) {
+  MoeSpec e;
+  e.num_experts = positive_or(r, "num_local_experts", 8);
+  e.router_topk = positive_or(r, "num_experts_per_tok", 2);
+  e.router_score = RouterScore::softmax;
+  d.moe = e;
+  d.moe_ffn_is_ffn_hidden = true;  // moe_ffn_hidden = the final ffn_hidden (intermediate_size)
+  if (!d.kv_heads && !r.contains("num_key_value_heads")) d.kv_heads = 8;  // MixtralConfig default
+}
+
+// transformers configuration_qwen2_moe.py / configuration_qwen3_moe.py (Qwen2MoeConfig,
+// Qwen3MoeConfig; their DecoderLayer picks the MLP): layer i is a sparse block when i is not in
+// mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0, else a dense MLP of
+// intermediate_size. The sparse block has num_experts experts of moe_intermediate_size, the top
+// num_experts_per_tok of a softmax router; Qwen2-MoE adds a shared expert of
+// shared_expert_intermediate_size, scaled by a sigmoid gate (one h -> 1 linear: negligible, not
+// modelled). Defaults: Qwen2MoeConfig 60 experts, top-4, 1408, shared 5632; Qwen3MoeConfig 128,
+// top-8, 768; both decoder_sparse_step 1, mlp_only_layers [].
+void read_qwen_moe(HfReader& r, ModelDraft& d, bool qwen2) {
+  const auto experts = r.integer("num_experts");
+  if (experts && *experts < 0) {
+    r.add("\"num_experts\"=" + std::to_string(*experts) + " must be >= 0 (0: a dense model)");
+    return;
+  }
+  MoeSpec e;
+  e.num_experts = experts ? *experts : (qwen2 ? 60 : 128);
+  if (e.num_experts == 0) return;  // no sparse block: every layer is a dense MLP
+  e.router_topk = positive_or(r, "num_experts_per_tok", qwen2 ? 4 : 8);
+  e.moe_ffn_hidden = positive_or(r, "moe_intermediate_size", qwen2 ? 1408 : 768);
+  if (qwen2) {
+    const auto shared = r.integer("shared_expert_intermediate_size");
+    if (shared && *shared < 0)
+      r.add("\"shared_expert_intermediate_size\"=" + std::to_string(*shared) + " must be >= 0");
+    e.shared_expert_ffn_hidden = !shared ? 5632 : std::max<int64_t>(*shared, 0);
+  }
+  e.router_score = RouterScore::softmax;
+  const int64_t step = positive_or(r, "decoder_sparse_step", 1);
+  const auto only = r.integer_list("mlp_only_layers");
+  std::set<int64_t> dense;
+  if (only) dense.insert(only->begin(), only->end());
+  d.moe = e;
+  d.moe_layer = [step, dense](int64_t i) { return !dense.count(i) && (i + 1) % step == 0; };
+}
+
+// DeepSeek-V2 / V3 and Kimi-K2 (which ships DeepSeek-V3's code). Key names and defaults:
+// transformers configuration_deepseek_v2.py / configuration_deepseek_v3.py (DeepseekV2Config,
+// DeepseekV3Config) and, for the keys only DeepSeek's own configuration_deepseek.py has
+// (scoring_func, topk_method, moe_layer_freq, num_nextn_predict_layers), the routing that
+// transformers hard-codes: DeepseekV2Moe a softmax router, greedy top-k; DeepseekV3MoE a sigmoid
+// router with the aux-loss-free score bias (e_score_correction_bias) and group-limited top-k.
+//  - Layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0 (DeepSeek's
+//    DecoderLayer); intermediate_size is the dense layers' MLP.
+//  - n_routed_experts experts of moe_intermediate_size, top num_experts_per_tok; n_shared_experts
+//    shared experts of moe_intermediate_size run as one MLP of n_shared x moe_intermediate_size.
+//  - scoring_func softmax | sigmoid; topk_method greedy (no groups), group_limited_greedy
+//    (n_group groups, the top topk_group of them), noaux_tc (as group_limited_greedy, with the
+//    aux-loss-free expert bias of DeepSeek-V3 Sec 2.1.2).
+//  - MLA (DeepSeek-V2 Sec 2.1): q_lora_rank (null: queries projected directly, V2-Lite),
+//    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim.
+//  - num_nextn_predict_layers: DeepSeek-V3's multi-token prediction modules (Sec 2.2);
+//    transformers' DeepseekV3ForCausalLM has none, so absent means 0.
+// Defaults: DeepseekV3Config 256 experts, top-8, 2048, 1 shared, first 3 dense, 8 groups top-4,
+// q/kv ranks 1536 / 512, head sizes 128 / 64 / 128; DeepseekV2Config 64 experts, 1407, 2 shared,
+// first 0 dense, no groups, the same MLA sizes, and no default for num_experts_per_tok.
+void read_deepseek(HfReader& r, ModelDraft& d, const std::string& type) {
+  const bool v2 = type == "deepseek_v2";
+  // MLA.
+  MlaSpec a;
+  if (r.is_null("q_lora_rank")) a.q_lora_rank = 0;
+  else a.q_lora_rank = positive_or(r, "q_lora_rank", 1536);
+  a.kv_lora_rank = positive_or(r, "kv_lora_rank", 512);
+  a.qk_nope_head_dim = positive_or(r, "qk_nope_head_dim", 128);
+  const auto rope = r.integer("qk_rope_head_dim");
+  if (rope && *rope < 0) r.add("\"qk_rope_head_dim\"=" + std::to_string(*rope) + " must be >= 0");
+  a.qk_rope_head_dim = rope && *rope >= 0 ? *rope : 64;
+  a.v_head_dim = positive_or(r, "v_head_dim", 128);
+  d.mla = a;
+  // Values transformers derives from these (DeepseekV3Config: head_dim = qk_rope_head_dim for
+  // the rotary embedding, qk_head_dim = qk_nope_head_dim + qk_rope_head_dim): accepted when equal.
+  if (auto hd = r.integer("head_dim"); hd && *hd != a.qk_rope_head_dim)
+    r.add("\"head_dim\"=" + std::to_string(*hd) + " is not qk_rope_head_dim=" + std::to_string(a.qk_rope_head_dim) +
+          " (the value transformers derives); MLA's head sizes are qk_nope_head_dim, qk_rope_head_dim and v_head_dim");
+  if (auto qk = r.integer("qk_head_dim"); qk && *qk != a.qk_nope_head_dim + a.qk_rope_head_dim)
+    r.add("\"qk_head_dim\"=" + std::to_string(*qk) + " is not qk_nope_head_dim + qk_rope_head_dim = " +
+          std::to_string(a.qk_nope_head_dim + a.qk_rope_head_dim));
+  // Multi-token prediction.
+  const auto mtp = r.integer("num_nextn_predict_layers");
+  if (mtp && *mtp < 0) r.add("\"num_nextn_predict_layers\"=" + std::to_string(*mtp) + " must be >= 0");
+  d.mtp_layers = mtp && *mtp >= 0 ? *mtp : 0;
+  // Experts (n_routed_experts null: a dense model, as DeepSeek's DecoderLayer reads it).
+  if (r.is_null("n_routed_experts")) return;
+  const auto experts = r.integer("n_routed_experts");
+  if (experts && *experts < 0) {
+    r.add("\"n_routed_experts\"=" + std::to_string(*experts) + " must be >= 0 (0: a dense model)");
+    return;
+  }
+  MoeSpec e;
+  e.num_experts = experts ? *experts : (v2 ? 64 : 256);
+  if (e.num_experts == 0) return;
+  if (v2 && !r.contains("num_experts_per_tok"))
+    r.add("\"num_experts_per_tok\" is missing (DeepseekV2Config has no default): give the experts per token");
+  e.router_topk = positive_or(r, "num_experts_per_tok", 8);
+  e.moe_ffn_hidden = positive_or(r, "moe_intermediate_size", v2 ? 1407 : 2048);
+  int64_t shared = v2 ? 2 : 1;
+  if (r.is_null("n_shared_experts")) shared = 0;
+  else if (auto v = r.integer("n_shared_experts")) {
+    if (*v < 0) r.add("\"n_shared_experts\"=" + std::to_string(*v) + " must be >= 0");
+    shared = std::max<int64_t>(*v, 0);
+  }
+  e.shared_expert_ffn_hidden = shared * e.moe_ffn_hidden;
+  const auto first = r.integer("first_k_dense_replace");
+  if (first && *first < 0) r.add("\"first_k_dense_replace\"=" + std::to_string(*first) + " must be >= 0");
+  e.first_k_dense = first && *first >= 0 ? *first : (v2 ? 0 : 3);
+  const int64_t freq = positive_or(r, "moe_layer_freq", 1);
+  e.layer_freq = freq;
+  // Router score.
+  const std::string score = r.text("scoring_func").value_or(v2 ? "softmax" : "sigmoid");
+  if (score == "softmax") e.router_score = RouterScore::softmax;
+  else if (score == "sigmoid") e.router_score = RouterScore::sigmoid;
+  else r.add("\"scoring_func\"=" + quote(score) + " is not supported (supported: softmax, sigmoid)");
+  // Top-k method and expert groups.
+  const std::string method = r.text("topk_method").value_or(v2 ? "greedy" : "noaux_tc");
+  bool grouped = false;
+  if (method == "greedy") {
+  } else if (method == "group_limited_greedy") {
+    grouped = true;
+  } else if (method == "noaux_tc") {
+    grouped = true;
+    e.router_expert_bias = true;
+  } else {
+    r.add("\"topk_method\"=" + quote(method) + " is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
+  }
+  const auto groups = r.integer("n_group");
+  const auto group_topk = r.integer("topk_group");
+  const int64_t g = groups ? *groups : (v2 || r.is_null("n_group") ? 0 : 8);
+  if (grouped && g > 1) {  // one group (Kimi-K2: n_group 1) limits nothing
+    e.router_num_groups = g;
+    e.router_group_topk = group_topk ? *group_topk : (v2 || r.is_null("topk_group") ? 0 : 4);
+  }
+  d.moe = e;
+  // DeepSeek's rule counts layer_freq from layer 0, MoeSpec's from first_k_dense: a per-layer
+  // list when they differ (read_model).
+  d.moe_layer = [first = e.first_k_dense, freq](int64_t i) { return i >= first && i % freq == 0; };
 }
 
 // Fills `d` from a config.json. Returns false when the file cannot be used at all.
@@ -442,49 +687,36 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
   const auto family = detect_family(r, j);
   if (!family) return false;
   // Keys dtsim neither reads nor knows to be harmless, and unmodelled features that are on.
-  for (const auto& msg : hf_key_problems(j, *family == HfFamily::llama  ? HfKeyFamily::llama
-                                            : *family == HfFamily::gpt2 ? HfKeyFamily::gpt2
-                                                                        : HfKeyFamily::neox))
-    r.add(msg);
+  for (const auto& msg : hf_key_problems(j, *family)) r.add(msg);
   d.hf_where = where;
+  const std::string type =
+      j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
 
   d.name = r.text("_name_or_path");
   if (!d.name || d.name->empty()) d.name = file.stem().string();
 
   switch (*family) {
-    case HfFamily::llama:  // Llama, Mistral, Qwen2 (transformers LlamaConfig key names)
-      d.json_key = {{"layers", "num_hidden_layers"},   {"hidden", "hidden_size"},
-                    {"heads", "num_attention_heads"},  {"ffn_hidden", "intermediate_size"},
-                    {"vocab", "vocab_size"},           {"activation", "hidden_act"}};
-      d.layers = r.integer("num_hidden_layers");
-      d.hidden = r.integer("hidden_size");
-      d.heads = r.integer("num_attention_heads");
-      d.kv_heads = r.integer("num_key_value_heads");  // absent -> = heads (MHA)
-      d.ffn_hidden = r.integer("intermediate_size");
-      d.vocab = r.integer("vocab_size");
-      d.activation = r.activation("hidden_act", true);
-      d.tied = r.boolean("tie_word_embeddings");  // transformers default: false
-      if (!d.tied) d.tied = false;
-      d.norm = Norm::rmsnorm;
-      d.position = Position::rope;
-      d.max_pos = r.integer("max_position_embeddings");
-      d.hf_head_dim = r.integer("head_dim");  // LlamaConfig default: hidden_size // num_attention_heads
-      // LlamaConfig / MistralConfig defaults: attention_bias=False, mlp_bias=False.
-      d.hf_attention_bias = r.boolean("attention_bias");
-      if (!d.hf_attention_bias) d.hf_attention_bias = false;
-      d.hf_mlp_bias = r.boolean("mlp_bias");
-      if (!d.hf_mlp_bias) d.hf_mlp_bias = false;
-      {
-        // Sliding-window attention: MistralConfig's default window is 4096 when the key is
-        // absent; Qwen2Config applies sliding_window only with use_sliding_window (default
-        // False); null means full attention.
-        const bool is_mistral = j.contains("model_type") && j["model_type"] == "mistral";
-        const bool is_qwen2 = j.contains("model_type") && j["model_type"] == "qwen2";
-        const auto use = r.boolean("use_sliding_window");
-        d.hf_sliding_window = r.integer("sliding_window");
-        if (!d.hf_sliding_window && is_mistral && !r.contains("sliding_window")) d.hf_sliding_window = 4096;
-        if (use ? !*use : is_qwen2) d.hf_sliding_window.reset();
-      }
+    case HfFamily::llama:  // Llama, Mistral, Qwen2, Qwen3 (transformers LlamaConfig key names)
+      read_llama_like(r, d);
+      read_head_dim(r, d, type);
+      read_sliding_window(r, d, type);
+      break;
+    case HfFamily::mixtral:
+      read_llama_like(r, d);
+      read_head_dim(r, d, type);
+      read_sliding_window(r, d, type);
+      read_mixtral(r, d);
+      break;
+    case HfFamily::qwen2_moe:
+    case HfFamily::qwen3_moe:
+      read_llama_like(r, d);
+      read_head_dim(r, d, type);
+      read_sliding_window(r, d, type);
+      read_qwen_moe(r, d, *family == HfFamily::qwen2_moe);
+      break;
+    case HfFamily::deepseek:
+      read_llama_like(r, d);
+      read_deepseek(r, d, type);
       break;
     case HfFamily::gpt2:  // transformers GPT2Config
       d.json_key = {{"layers", "n_layer"}, {"hidden", "n_embd"}, {"heads", "n_head"}, {"vocab", "vocab_size"}};
@@ -560,16 +792,20 @@ std::vector<uint8_t> read_flags(Reader& r, const std::string& key, int64_t count
   return out;
 }
 
-// model.moe (models/experiment.hpp MoeSpec; Megatron-Core's names).
-MoeSpec read_moe(Reader r, int64_t layers) {
-  MoeSpec e;
+// model.moe (models/experiment.hpp MoeSpec; Megatron-Core's names). `base`: the MoeSpec of the
+// hf_config file, whose fields the keys given here override (then nothing is required).
+MoeSpec read_moe(Reader r, int64_t layers, const std::optional<MoeSpec>& base) {
+  MoeSpec e = base ? *base : MoeSpec{};
   if (!r.check_map()) return e;
-  for (const char* k : {"num_experts", "router_topk", "moe_ffn_hidden"})
-    if (!r.has(k)) r.require(k);
+  if (!base)
+    for (const char* k : {"num_experts", "router_topk", "moe_ffn_hidden"})
+      if (!r.has(k)) r.require(k);
   set_if(e.num_experts, r.integer("num_experts"));
   set_if(e.router_topk, r.integer("router_topk"));
   set_if(e.moe_ffn_hidden, r.integer("moe_ffn_hidden"));
   set_if(e.shared_expert_ffn_hidden, r.integer("shared_expert_ffn_hidden"));
+  // A rule given here replaces the config.json's per-layer list.
+  if (r.has("first_k_dense") || r.has("layer_freq")) e.layer_pattern.clear();
   set_if(e.first_k_dense, r.integer("first_k_dense"));
   if (r.has("layer_freq")) {
     const YAML::Node n = r.child("layer_freq");
@@ -662,9 +898,29 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
   set_if(m.tied_embeddings, d.tied);
   set_if(m.norm, d.norm);
   set_if(m.position, d.position);
+  // The config.json's head size, experts, MLA and MTP modules; the YAML keys override them.
+  set_if(m.head_dim_override, d.head_dim);
   if (auto v = r.integer("head_dim")) m.head_dim_override = *v;
+  set_if(m.mtp_layers, d.mtp_layers);
   if (auto v = r.integer("mtp_layers")) m.mtp_layers = *v;
-  if (r.has("moe")) m.moe = read_moe(Reader(r.ctx(), r.child("moe"), r.path("moe")), m.layers);
+  std::optional<MoeSpec> json_moe = d.moe;
+  if (json_moe) {
+    if (d.moe_ffn_is_ffn_hidden) json_moe->moe_ffn_hidden = m.ffn_hidden;
+    // The family's per-layer rule over the final layer count: a list only when MoeSpec's
+    // first_k_dense / layer_freq rule does not say the same.
+    if (d.moe_layer && m.layers > 0 && m.layers <= limits::kMaxLayers) {
+      std::vector<uint8_t> pattern;
+      bool same = true;
+      for (int64_t i = 0; i < m.layers; ++i) {
+        pattern.push_back(d.moe_layer(i) ? 1 : 0);
+        same = same && (pattern.back() != 0) == json_moe->is_moe_layer(i);
+      }
+      if (!same) json_moe->layer_pattern = std::move(pattern);
+    }
+  }
+  if (r.has("moe")) m.moe = read_moe(Reader(r.ctx(), r.child("moe"), r.path("moe")), m.layers, json_moe);
+  else if (json_moe) m.moe = *json_moe;
+  if (d.mla) m.mla = *d.mla;
   if (r.has("mla")) {
     Reader q(r.ctx(), r.child("mla"), r.path("mla"));
     if (q.check_map()) {
@@ -673,7 +929,7 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
       set_if(m.mla.qk_nope_head_dim, q.integer("qk_nope_head_dim"));
       set_if(m.mla.qk_rope_head_dim, q.integer("qk_rope_head_dim"));
       set_if(m.mla.v_head_dim, q.integer("v_head_dim"));
-      if (!q.has("kv_lora_rank")) q.require("kv_lora_rank");
+      if (!q.has("kv_lora_rank") && !d.mla) q.require("kv_lora_rank");
     }
   }
   if (r.has("attention")) {
@@ -689,11 +945,6 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
   const auto& bad = r.ctx().bad();
   const bool model_ok = !bad.count("model") && !bad.count("model.hidden") && !bad.count("model.heads") &&
                         !bad.count("model.activation");
-  if (from_hf && model_ok && d.hf_head_dim && m.heads > 0 && m.hidden > 0 &&
-      *d.hf_head_dim * m.heads != m.hidden)
-    r.ctx().fail("model", d.hf_where + ": \"head_dim\"=" + std::to_string(*d.hf_head_dim) + " x heads " +
-                              std::to_string(m.heads) + " is not the hidden size " + std::to_string(m.hidden) +
-                              ": attention heads narrower or wider than hidden / heads are not modelled");
   // dtsim gives every GEMM of a GeLU model a bias and none to a SwiGLU model (models/flops.cpp
   // has_linear_biases), as GPT-2 / Megatron GPT and Llama do.
   const bool biased = m.activation == Activation::gelu;

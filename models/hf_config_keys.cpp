@@ -3,10 +3,17 @@
 //   transformers src/transformers/models/llama/configuration_llama.py (LlamaConfig)
 //   transformers src/transformers/models/mistral/configuration_mistral.py (MistralConfig)
 //   transformers src/transformers/models/qwen2/configuration_qwen2.py (Qwen2Config)
+//   transformers src/transformers/models/qwen3/configuration_qwen3.py (Qwen3Config)
+//   transformers src/transformers/models/mixtral/configuration_mixtral.py (MixtralConfig)
+//   transformers src/transformers/models/qwen2_moe/configuration_qwen2_moe.py (Qwen2MoeConfig)
+//   transformers src/transformers/models/qwen3_moe/configuration_qwen3_moe.py (Qwen3MoeConfig)
+//   transformers src/transformers/models/deepseek_v2/configuration_deepseek_v2.py (DeepseekV2Config)
+//   transformers src/transformers/models/deepseek_v3/configuration_deepseek_v3.py (DeepseekV3Config)
+//   DeepSeek's own configuration_deepseek.py (the remote code named by the auto_map of the
+//   deepseek-ai/DeepSeek-V2 / DeepSeek-V3 and moonshotai/Kimi-K2 config.json files: scoring_func,
+//   topk_method, moe_layer_freq, ep_size, aux_loss_alpha, seq_aux, num_nextn_predict_layers)
 //   transformers src/transformers/models/gpt2/configuration_gpt2.py (GPT2Config)
 //   transformers src/transformers/models/gpt_neox/configuration_gpt_neox.py (GPTNeoXConfig)
-//   MoE key names: configuration_mixtral.py (num_local_experts), configuration_qwen2_moe.py
-//   (num_experts), DeepSeek-V2/V3 config.json (n_routed_experts).
 #include "models/hf_config_keys.hpp"
 
 #include <algorithm>
@@ -18,22 +25,29 @@ namespace {
 
 using Keys = std::set<std::string>;
 
-// PretrainedConfig keys that change nothing dtsim models: bookkeeping, token ids, generation
-// defaults, task heads and output switches.
+Keys operator+(Keys a, const Keys& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+// PretrainedConfig keys that change nothing dtsim models: bookkeeping (auto_map names the
+// remote-code Python classes that load the file), token ids, generation defaults, task heads
+// and output switches.
 const Keys kCommonHarmless = {
     "_name_or_path", "_commit_hash", "_attn_implementation", "_attn_implementation_autoset", "architectures",
-    "model_type", "transformers_version", "torch_dtype", "dtype", "use_bfloat16", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id",
-    "use_cache", "initializer_range", "return_dict", "output_hidden_states", "output_attentions", "torchscript",
-    "tf_legacy_loss", "is_decoder", "chunk_size_feed_forward", "cross_attention_hidden_size", "max_length",
-    "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-    "return_dict_in_generate", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "finetuning_task", "id2label", "label2id", "num_labels", "problem_type",
-    "tokenizer_class", "prefix", "task_specific_params",
-    // Mixture-of-experts settings other than the expert count: inert without experts (an
-    // expert count > 1 is reported below).
+    "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "use_bfloat16", "bos_token_id",
+    "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "forced_bos_token_id",
+    "forced_eos_token_id", "use_cache", "initializer_range", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "tf_legacy_loss", "is_decoder", "chunk_size_feed_forward",
+    "cross_attention_hidden_size", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "finetuning_task", "id2label",
+    "label2id", "num_labels", "problem_type", "tokenizer_class", "prefix", "task_specific_params",
+    // Mixture-of-experts settings other than the expert count: inert in a family whose
+    // transformers model does not read them (a Llama config, a shared-expert size in Mixtral;
+    // an expert count there is reported below). The families that read them list them again.
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "router_aux_loss_coef",
     "output_router_logits", "router_jitter_noise", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers",
     "first_k_dense_replace", "moe_layer_freq", "n_shared_experts", "topk_method", "routed_scaling_factor",
@@ -44,13 +58,59 @@ const Keys kCommonHarmless = {
 const Keys kLlamaKeys = {
     // read
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-    "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings",
+    "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings", "head_dim",
     // checked against the final model by the reader
-    "head_dim", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
-    // harmless: numerics (RMSNorm epsilon, RoPE base and scaling change values, not cost),
-    // dropout probabilities, Llama's pretraining_tp (slices of the same GEMMs for
-    // reproducibility), Qwen2's max_window_layers (only with a sliding window, checked above)
-    "rms_norm_eps", "rope_theta", "rope_scaling", "pretraining_tp", "attention_dropout", "max_window_layers"};
+    "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
+    // harmless: numerics (RMSNorm epsilon, RoPE base and scaling change values, not cost; RoPE
+    // settings are rope_parameters from transformers 5 on), dropout probabilities, Llama's
+    // pretraining_tp (slices of the same GEMMs for reproducibility), Qwen2's max_window_layers
+    // (only with a sliding window, checked above)
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp", "attention_dropout",
+    "max_window_layers"};
+// MixtralConfig: Mistral's keys plus the experts. Read: num_local_experts, num_experts_per_tok.
+// Harmless: router_aux_loss_coef (the weight of the load-balancing loss, a scalar added to
+// the loss), output_router_logits (an output switch), router_jitter_noise (multiplicative
+// noise on the router input during training: values, not cost).
+const Keys kMixtralKeys = kLlamaKeys + Keys{"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+                                            "output_router_logits", "router_jitter_noise"};
+// Qwen3MoeConfig: read num_experts, num_experts_per_tok, moe_intermediate_size,
+// decoder_sparse_step, mlp_only_layers. Harmless: norm_topk_prob (renormalizes the top-k
+// router weights: values, not cost), router_aux_loss_coef, output_router_logits.
+const Keys kQwen3MoeKeys = kLlamaKeys + Keys{"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                             "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob",
+                                             "router_aux_loss_coef", "output_router_logits"};
+// Qwen2MoeConfig: Qwen3-MoE's keys plus the shared expert (read) and qkv_bias. qkv_bias is
+// harmless as it is for Qwen2 (whose Qwen2Attention always has the q/k/v biases): 3 bias
+// vectors per layer, negligible parameters and element-wise FLOPs, which dtsim leaves out.
+const Keys kQwen2MoeKeys = kQwen3MoeKeys + Keys{"shared_expert_intermediate_size", "qkv_bias"};
+// DeepseekV2Config / DeepseekV3Config and DeepSeek's configuration_deepseek.py (Kimi-K2 ships
+// the same file).
+const Keys kDeepseekKeys = {
+    // read
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings", "n_routed_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+    "moe_layer_freq", "scoring_func", "topk_method", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
+    // checked by the reader: the biases against the final model; head_dim and qk_head_dim are
+    // values transformers derives (= qk_rope_head_dim, = qk_nope_head_dim + qk_rope_head_dim)
+    "attention_bias", "mlp_bias", "head_dim", "qk_head_dim",
+    // harmless:
+    //  - routed_scaling_factor, norm_topk_prob: scale / renormalize the routed experts' weights
+    //    (values, not cost);
+    //  - aux_loss_alpha, seq_aux: weight and form (per sequence) of the balance loss, a scalar
+    //    added to the loss;
+    //  - ep_size: the expert-parallel size of DeepSeek's inference code, not the model (dtsim's
+    //    layout.ep sets the training layout);
+    //  - rope_scaling (YaRN for the long context), rope_theta, rope_parameters, rope_interleave,
+    //    rms_norm_eps: numerics of the same GEMMs and norms;
+    //  - quantization_config: how the published checkpoint stores its weights (DeepSeek-V3:
+    //    FP8 e4m3 with 128 x 128 block scales), not the training precision, which is
+    //    training.dtype;
+    //  - pretraining_tp (as Llama's), attention_dropout.
+    "routed_scaling_factor", "norm_topk_prob", "aux_loss_alpha", "seq_aux", "ep_size", "rope_scaling",
+    "rope_theta", "rope_parameters", "rope_interleave", "rms_norm_eps", "quantization_config", "pretraining_tp",
+    "attention_dropout"};
 const Keys kGpt2Keys = {
     // read
     "n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "activation_function", "tie_word_embeddings",
@@ -68,8 +128,32 @@ const Keys kNeoxKeys = {
     "attention_bias",
     // harmless: rotary fraction and base, RoPE scaling, dropout, LayerNorm epsilon; the
     // parallel residual runs the same GEMMs and norms with another residual wiring
-    "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "rope_theta", "rope_scaling", "attention_dropout",
-    "hidden_dropout", "classifier_dropout", "layer_norm_eps", "use_parallel_residual"};
+    "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "rope_theta", "rope_scaling", "rope_parameters",
+    "attention_dropout", "hidden_dropout", "classifier_dropout", "layer_norm_eps", "use_parallel_residual"};
+
+const Keys& family_keys(HfKeyFamily family) {
+  switch (family) {
+    case HfKeyFamily::llama: return kLlamaKeys;
+    case HfKeyFamily::mixtral: return kMixtralKeys;
+    case HfKeyFamily::qwen2_moe: return kQwen2MoeKeys;
+    case HfKeyFamily::qwen3_moe: return kQwen3MoeKeys;
+    case HfKeyFamily::deepseek: return kDeepseekKeys;
+    case HfKeyFamily::gpt2: return kGpt2Keys;
+    case HfKeyFamily::neox: return kNeoxKeys;
+  }
+  return kLlamaKeys;
+}
+
+// The expert-count key a family reads ("" for the dense families).
+const char* own_expert_count(HfKeyFamily family) {
+  switch (family) {
+    case HfKeyFamily::mixtral: return "num_local_experts";
+    case HfKeyFamily::qwen2_moe:
+    case HfKeyFamily::qwen3_moe: return "num_experts";
+    case HfKeyFamily::deepseek: return "n_routed_experts";
+    default: return "";
+  }
+}
 
 bool active_count(const nlohmann::json& v) {
   return !v.is_null() && !(v.is_number() && v.get<double>() <= 1) && !(v.is_boolean() && !v.get<bool>());
@@ -79,18 +163,35 @@ bool non_empty(const nlohmann::json& v) { return !v.is_null() && !((v.is_object(
 
 }  // namespace
 
+const char* hf_family_model_types(HfKeyFamily family) {
+  switch (family) {
+    case HfKeyFamily::llama: return "llama, mistral, qwen2, qwen3";
+    case HfKeyFamily::mixtral: return "mixtral";
+    case HfKeyFamily::qwen2_moe: return "qwen2_moe";
+    case HfKeyFamily::qwen3_moe: return "qwen3_moe";
+    case HfKeyFamily::deepseek: return "deepseek_v2, deepseek_v3, kimi_k2";
+    case HfKeyFamily::gpt2: return "gpt2";
+    case HfKeyFamily::neox: return "gpt_neox";
+  }
+  return "";
+}
+
 std::vector<std::string> hf_key_problems(const nlohmann::json& config, HfKeyFamily family) {
   std::vector<std::string> out;
   if (!config.is_object()) return out;
-  const Keys& own = family == HfKeyFamily::llama ? kLlamaKeys : family == HfKeyFamily::gpt2 ? kGpt2Keys : kNeoxKeys;
-  const char* family_name = family == HfKeyFamily::llama  ? "llama, mistral, qwen2"
-                            : family == HfKeyFamily::gpt2 ? "gpt2"
-                                                          : "gpt_neox";
+  const Keys& own = family_keys(family);
+  const std::string family_name = hf_family_model_types(family);
+  const std::string own_count = own_expert_count(family);
   for (const auto& [key, v] : config.items()) {
     const std::string shown = "\"" + key + "\"=" + v.dump();
     if (key == "num_local_experts" || key == "num_experts" || key == "n_routed_experts") {
+      if (key == own_count) continue;  // read
       if (active_count(v))
-        out.push_back(shown + ": mixture of experts is not modelled (dtsim simulates dense MLPs only)");
+        out.push_back(shown + ": model_type " + family_name +
+                      (own_count.empty() ? std::string(" has dense MLPs") : " reads its experts from \"" + own_count + "\"") +
+                      " and its transformers model ignores this key (mixture-of-experts config.json files are read "
+                      "for model_type mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 and kimi_k2): fix "
+                      "model_type or remove the key");
       continue;
     }
     if (key == "is_encoder_decoder" || key == "add_cross_attention" || key == "tie_encoder_decoder") {

@@ -17,8 +17,26 @@ void check_moe(const Experiment& e, ProblemList& p) {
   if (m.mtp_layers < 0) p.add("model.mtp_layers=" + s(m.mtp_layers) + " must be >= 0");
   if (m.mtp_layers > 0)
     p.add("model.mtp_layers=" + s(m.mtp_layers) + ": multi-token prediction layers are not simulated yet (set 0)");
-  if (m.mla.enabled() || m.mla.q_lora_rank != 0 || m.mla.v_head_dim != 0)
-    p.add("model.mla: multi-head latent attention is not simulated yet (its block is not built)");
+  const MlaSpec& a = m.mla;
+  if (a.enabled() || a.q_lora_rank != 0 || a.v_head_dim != 0 || a.qk_nope_head_dim != 0 || a.qk_rope_head_dim != 0) {
+    if (a.kv_lora_rank <= 0) p.add("model.mla.kv_lora_rank=" + s(a.kv_lora_rank) + " must be positive");
+    if (a.q_lora_rank < 0)
+      p.add("model.mla.q_lora_rank=" + s(a.q_lora_rank) + " must be >= 0 (0: the query has no low-rank projection)");
+    if (a.qk_nope_head_dim <= 0)
+      p.add("model.mla.qk_nope_head_dim=" + s(a.qk_nope_head_dim) + " must be positive");
+    if (a.qk_rope_head_dim < 0) p.add("model.mla.qk_rope_head_dim=" + s(a.qk_rope_head_dim) + " must be >= 0");
+    if (a.v_head_dim <= 0) p.add("model.mla.v_head_dim=" + s(a.v_head_dim) + " must be positive");
+    if (m.activation != Activation::swiglu)
+      p.add(std::string("model.mla with activation ") + to_string(m.activation) +
+            ": dtsim gives a GeLU model's GEMMs biases (models/flops.cpp has_linear_biases), which MLA's projections "
+            "do not have (DeepSeek-V2/V3 are SwiGLU models); use activation swiglu");
+    if (m.kv_heads != m.heads)
+      p.add("model.kv_heads=" + s(m.kv_heads) + " with model.mla: MLA gives every one of the " + s(m.heads) +
+            " heads its own key and value (set kv_heads to heads or leave it out)");
+    if (m.head_dim_override > 0)
+      p.add("model.head_dim with model.mla: MLA's head sizes are model.mla.qk_nope_head_dim, qk_rope_head_dim and "
+            "v_head_dim (remove model.head_dim)");
+  }
   if (m.attention.window < 0) p.add("model.attention.window=" + s(m.attention.window) + " must be positive");
   if (m.attention.window > 0 || m.attention.sinks)
     p.add("model.attention: sliding-window attention and sinks are not simulated yet");

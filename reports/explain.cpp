@@ -489,6 +489,16 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
                                  : "everything (no tensor parallelism)";
     if (l.tp > 1 && l.sequence_parallel)
       holds += fmt::format("; with SP a {}-token shard of norm / dropout activations", tr.seq_len / l.cp / l.tp);
+    if (l.tp > 1 && m.mla.enabled())
+      holds += fmt::format(
+          "; MLA (models/blocks/mla.hpp): the whole down projections (h -> {} + {} + {}, duplicated on every TP "
+          "rank{}), then {} of {} heads of the up projections; {}",
+          m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_rope_head_dim,
+          l.sequence_parallel ? ", run on its token shard" : ", run on all tokens", m.heads / l.tp, m.heads,
+          l.sequence_parallel ? "the latents are all-gathered (not the hidden state) and their gradients "
+                                "reduce-scattered (SUM); the down projections' weight gradients are SUMmed over TP "
+                                "with the norms' at the end of the step"
+                              : "the latents' input gradients are all-reduced (SUM)");
     dim_block("TP", l.tp, "hidden / heads", holds, GroupKind::TP);
   }
   dim_block("CP", l.cp, "sequence",

@@ -4,19 +4,30 @@
 
 namespace dtsim::blocks {
 
-void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb) {
+CoreShape dense_core_shape(const BlockContext& c) {
+  CoreShape a;
+  a.qk_head = a.v_head = static_cast<double>(c.m.head_dim());
+  a.q = a.out = static_cast<double>(c.m.heads) * a.qk_head / c.t;
+  a.k = a.v = c.kvd / c.t;
+  a.scores_flops = c.fwd.attention_scores / c.t;
+  a.values_flops = c.fwd.attention_values / c.t;
+  return a;
+}
+
+void attention_core_forward(BlockContext& c, const CoreShape& a, Phase ph, int layer, int mb) {
   const double heads_local = static_cast<double>(c.m.heads) / c.t;
   const double S = static_cast<double>(c.e.training.seq_len);
-  const double flops = (c.fwd.attention_scores + c.fwd.attention_values) / c.t;
+  const double flops = a.scores_flops + a.values_flops;
   int cp_handle = -1;
   if (c.l.cp > 1) {
-    const double kv_block = kAct * 2.0 * c.b * c.s * c.kvd / c.t;
+    const double kv_block = kAct * c.b * c.s * (a.k + a.v);
     cp_handle = c.issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP,
                         kv_block * static_cast<double>(c.l.cp));
   }
   const double cpf = static_cast<double>(c.l.cp);
   if (c.e.training.flash_attention) {
-    const double bytes = kAct * c.b * (c.s * (2 * c.h) + S * 2 * c.kvd) / c.t;
+    // Reads Q and K, V of the whole context, writes the output.
+    const double bytes = kAct * c.b * (c.s * (a.q + a.out) + S * (a.k + a.v));
     if (cp_handle >= 0) {
       c.compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1, c.attn_fwd_work);
       c.wait(cp_handle, CommKind::CP, layer, mb, ph);
@@ -28,28 +39,26 @@ void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb) {
     }
   } else {
     c.wait(cp_handle, CommKind::CP, layer, mb, ph);
-    const double hd = static_cast<double>(c.m.head_dim());
     const double batch_heads = c.b * heads_local;
-    c.gemm("attention_scores", ph, layer, mb, c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd, Transpose::b,
-           false);
+    c.gemm("attention_scores", ph, layer, mb, a.scores_flops, batch_heads * c.s, S, a.qk_head, Transpose::b, false);
     c.compute("softmax_dropout", ph, layer, mb, KernelKind::memory, 0, batch_heads * c.s * S * kUnfusedScoreBytes, 2);
-    c.gemm("attention_values", ph, layer, mb, c.fwd.attention_values / c.t, batch_heads * c.s, hd, S,
-           Transpose::none, false);
+    c.gemm("attention_values", ph, layer, mb, a.values_flops, batch_heads * c.s, a.v_head, S, Transpose::none, false);
   }
 }
 
-void attention_core_backward(BlockContext& c, int layer, int mb) {
+void attention_core_backward(BlockContext& c, const CoreShape& a, int layer, int mb) {
   const Phase ph = Phase::backward;
   const double heads_local = static_cast<double>(c.m.heads) / c.t;
   const double S = static_cast<double>(c.e.training.seq_len);
-  const double flops = 2.0 * (c.fwd.attention_scores + c.fwd.attention_values) / c.t;
+  const double flops = 2.0 * (a.scores_flops + a.values_flops);
   const double cpf = static_cast<double>(c.l.cp);
   int kv = -1;
-  const double kv_size = kAct * 2.0 * c.b * c.s * c.kvd / c.t * cpf;
+  const double kv_size = kAct * c.b * c.s * (a.k + a.v) * cpf;
   if (c.l.cp > 1)
     kv = c.issue("cp_kv_allgather", ph, layer, mb, CommKind::CP, Collective::AllGather, GroupKind::CP, kv_size);
   if (c.e.training.flash_attention) {
-    const double bytes = kAct * c.b * (c.s * (4 * c.h) + S * 4 * c.kvd) / c.t;
+    // Reads Q, K, V, the output and its gradient, writes dQ, dK, dV.
+    const double bytes = kAct * c.b * (c.s * (2.0 * (a.q + a.out)) + S * (2.0 * (a.k + a.v)));
     if (kv >= 0) {
       c.compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
                 c.attn_bwd_work);
@@ -65,13 +74,12 @@ void attention_core_backward(BlockContext& c, int layer, int mb) {
     }
   } else {
     c.wait(kv, CommKind::CP, layer, mb, ph);
-    const double hd = static_cast<double>(c.m.head_dim());
     const double batch_heads = c.b * heads_local;
-    c.gemm("attention_values_bwd", ph, layer, mb, 2.0 * c.fwd.attention_values / c.t, batch_heads * c.s, hd, S,
+    c.gemm("attention_values_bwd", ph, layer, mb, 2.0 * a.values_flops, batch_heads * c.s, a.v_head, S,
            Transpose::a, false);
     c.compute("softmax_dropout_bwd", ph, layer, mb, KernelKind::memory, 0,
               batch_heads * c.s * S * kUnfusedScoreBytes * kElementwiseBwd, 2);
-    c.gemm("attention_scores_bwd", ph, layer, mb, 2.0 * c.fwd.attention_scores / c.t, batch_heads * c.s, S, hd,
+    c.gemm("attention_scores_bwd", ph, layer, mb, 2.0 * a.scores_flops, batch_heads * c.s, S, a.qk_head,
            Transpose::none, false);
     if (c.l.cp > 1)
       c.collective("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter, GroupKind::CP,
@@ -81,31 +89,33 @@ void attention_core_backward(BlockContext& c, int layer, int mb) {
 
 void AttentionBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double tok = c.b * c.s;
+  const CoreShape a = dense_core_shape(c);
   c.tp_enter(ph, layer, mb, "tp_allgather");
-  c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, (c.h + 2 * c.kvd) / c.t, c.h, Transpose::b);
+  c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, a.q + a.k + a.v, c.h, Transpose::b);
   if (c.m.position == Position::rope)
-    c.compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (c.h + c.kvd) / c.t);
-  attention_core_forward(c, ph, layer, mb);
-  c.gemm("out_proj", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h, c.h / c.t, Transpose::b);
+    c.compute("rope", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (a.q + a.k));
+  attention_core_forward(c, a, ph, layer, mb);
+  c.gemm("out_proj", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h, a.out, Transpose::b);
   c.tp_exit(ph, layer, mb, c.sp_on ? "tp_reducescatter" : "tp_allreduce");
 }
 
 void AttentionBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   const Phase ph = Phase::backward;
   const double tok = c.b * c.s;
+  const CoreShape a = dense_core_shape(c);
   const bool in = part != BackwardPart::weight;  // emit the input-gradient (B) ops
   const bool wt = part != BackwardPart::input;   // emit the weight-gradient (W) ops
   if (in) {
     c.tp_gather_output_grad(layer, mb);  // TE "proj_dgrad"
-    c.gemm("out_proj_dgrad", ph, layer, mb, c.fwd.out_proj / c.t, tok, c.h / c.t, c.h, Transpose::none);
+    c.gemm("out_proj_dgrad", ph, layer, mb, c.fwd.out_proj / c.t, tok, a.out, c.h, Transpose::none);
   }
-  if (wt) c.gemm("out_proj_wgrad", ph, layer, mb, c.fwd.out_proj / c.t, c.h / c.t, c.h, tok, Transpose::a);
+  if (wt) c.gemm("out_proj_wgrad", ph, layer, mb, c.fwd.out_proj / c.t, a.out, c.h, tok, Transpose::a);
   if (in) {
-    attention_core_backward(c, layer, mb);
+    attention_core_backward(c, a, layer, mb);
     if (c.m.position == Position::rope)
-      c.compute("rope_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (c.h + c.kvd) / c.t);
+      c.compute("rope_bwd", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * (a.q + a.k));
   }
-  const double qkv_n = (c.h + 2 * c.kvd) / c.t;
+  const double qkv_n = a.q + a.k + a.v;
   c.column_parallel_backward(
       layer, mb, part, [&] { c.gemm("qkv_dgrad", ph, layer, mb, c.fwd.qkv / c.t, tok, c.h, qkv_n, Transpose::none); },
       [&] { c.gemm("qkv_wgrad", ph, layer, mb, c.fwd.qkv / c.t, c.h, qkv_n, tok, Transpose::a); });
@@ -147,7 +157,7 @@ void AttentionBlock::activation_terms(const ActivationShape& a, std::vector<Acti
 }
 
 void AttentionBlock::selective_recompute(BlockContext& c, int layer, int mb) const {
-  attention_core_forward(c, Phase::recompute, layer, mb);
+  attention_core_forward(c, dense_core_shape(c), Phase::recompute, layer, mb);
 }
 
 }  // namespace dtsim::blocks

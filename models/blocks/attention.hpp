@@ -12,13 +12,29 @@ namespace dtsim::blocks {
 /// (2) = 13; the tensors Korthikanti 2022 Sec 4.1 lists for the attention core.
 inline constexpr double kUnfusedScoreBytes = 13.0;
 
+/// What the attention core of a layer works on, per TP rank: the query / key head size and
+/// the value head size, and the widths (elements per token, local heads x head size) of Q,
+/// K, V and the output. Dense attention (MHA / GQA): qk_head = v_head = head_dim, q = out =
+/// heads head_dim / t, k = v = kv_heads head_dim / t. MLA (models/blocks/mla.hpp): after the
+/// up-projections every head has its own K and V, qk_head = qk_nope + qk_rope, v_head =
+/// v_head_dim (DeepSeek-V2, arXiv 2405.04434, Sec 2.1.2-2.1.3).
+struct CoreShape {
+  double qk_head = 0, v_head = 0;
+  double q = 0, k = 0, v = 0, out = 0;
+  /// Forward FLOPs of this rank: Q K^T and softmax(.) V (flops.hpp convention: causal
+  /// attention counted in full).
+  double scores_flops = 0, values_flops = 0;
+};
+/// The dense core of the context's model (heads, kv_heads, head_dim; c.fwd's FLOPs).
+CoreShape dense_core_shape(const BlockContext& c);
+
 /// The attention core forward (softmax(Q K^T) V) of one layer, or its recomputation
 /// (ph = Phase::recompute: Korthikanti 2022 Sec 5 selective recomputation). With CP the
 /// remote K/V blocks arrive by a ring AllGather while the local block computes.
-void attention_core_forward(BlockContext& c, Phase ph, int layer, int mb);
+void attention_core_forward(BlockContext& c, const CoreShape& a, Phase ph, int layer, int mb);
 /// Its backward (all B: it produces the Q, K, V gradients; it has no weights). With CP,
 /// K/V circulate again and dK/dV are reduce-scattered back to their owners.
-void attention_core_backward(BlockContext& c, int layer, int mb);
+void attention_core_backward(BlockContext& c, const CoreShape& a, int layer, int mb);
 
 class AttentionBlock : public Block {
  public:

@@ -95,8 +95,10 @@ class BlockContext {
   /// WeightGradStore.split_bw()): B = dgrad, then the blocking TP reduction (async_op
   /// False: nothing is left to hide it); W = with SP the blocking re-gather of the input
   /// (WeightGradStore.pop runs pre_process(async_op=False)), then wgrad.
+  /// `width`: elements per token of the gathered input and of its gradient (0 = h, the
+  /// hidden state; MLA's latents are narrower, models/blocks/mla.hpp).
   template <class Dgrad, class Wgrad>
-  void column_parallel_backward(int layer, int mb, BackwardPart part, Dgrad dgrad, Wgrad wgrad);
+  void column_parallel_backward(int layer, int mb, BackwardPart part, Dgrad dgrad, Wgrad wgrad, double width = 0);
 
   // ---- the zero-bubble pass of the ops appended ----
   /// Op::pass of an op of phase `ph` appended now: W inside a WeightPart, else B for
@@ -142,11 +144,12 @@ class BlockContext {
 };
 
 template <class Dgrad, class Wgrad>
-void BlockContext::column_parallel_backward(int layer, int mb, BackwardPart part, Dgrad dgrad, Wgrad wgrad) {
+void BlockContext::column_parallel_backward(int layer, int mb, BackwardPart part, Dgrad dgrad, Wgrad wgrad,
+                                            double width) {
   const Phase ph = Phase::backward;
   const char* reduce_name = sp_on ? "tp_reducescatter" : "tp_allreduce";
   const Collective reduce_c = sp_on ? Collective::ReduceScatter : Collective::AllReduce;
-  const double act = kAct * b * s * h;
+  const double act = kAct * b * s * (width > 0 ? width : h);
   switch (part) {
     case BackwardPart::full: {
       int regather = -1;

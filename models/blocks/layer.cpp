@@ -6,6 +6,7 @@
 #include "models/blocks/attention.hpp"
 #include "models/blocks/embedding.hpp"
 #include "models/blocks/lm_head.hpp"
+#include "models/blocks/mla.hpp"
 #include "models/blocks/mlp.hpp"
 #include "models/blocks/moe.hpp"
 #include "models/blocks/norm.hpp"
@@ -18,6 +19,7 @@ std::unique_ptr<Block> make_block(const BlockSpec& b) {
   switch (b.kind) {
     case BlockKind::norm: return std::make_unique<NormBlock>(b.name, b.bwd_name);
     case BlockKind::attention: return std::make_unique<AttentionBlock>(b.windowed);
+    case BlockKind::mla: return std::make_unique<MlaBlock>();
     case BlockKind::residual: return std::make_unique<ResidualBlock>();
     case BlockKind::mlp: return std::make_unique<MlpBlock>();
     case BlockKind::moe: return std::make_unique<MoeBlock>();
@@ -126,7 +128,10 @@ std::vector<BlockSpec> layer_spec(const ModelSpec& m, int kind) {
   std::vector<BlockSpec> spec = dense_layer_spec(m);
   for (auto& b : spec) {
     if (b.kind == BlockKind::mlp && (kind & 1)) b.kind = BlockKind::moe;
-    if (b.kind == BlockKind::attention) b.windowed = (kind & 2) != 0;
+    if (b.kind == BlockKind::attention) {
+      b.windowed = (kind & 2) != 0;
+      if (kind & 4) b.kind = BlockKind::mla;
+    }
   }
   return spec;
 }
@@ -137,7 +142,7 @@ std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t f
   return n;
 }
 
-ModelBlocks::ModelBlocks(const ModelSpec& m) : moe_(m.moe), attention_(m.attention) {}
+ModelBlocks::ModelBlocks(const ModelSpec& m) : moe_(m.moe), attention_(m.attention), mla_(m.mla.enabled()) {}
 
 namespace {
 /// The process-wide blocks: built on first use (thread-safe static initialisation), read-only.

@@ -20,7 +20,7 @@
 
 namespace dtsim::blocks {
 
-enum class BlockKind { norm, attention, residual, mlp, moe };
+enum class BlockKind { norm, attention, mla, residual, mlp, moe };
 
 /// One slot of a layer: the block type and, for a norm, the names of its ops.
 struct BlockSpec {
@@ -85,8 +85,9 @@ ActivationSums sum_activation_terms(const std::vector<ActivationTerm>& terms);
 /// GeLU / SwiGLU) from the ModelSpec and Training through the BlockContext.
 std::vector<BlockSpec> dense_layer_spec(const ModelSpec& m);
 /// A layer of kind `kind` (LayerKind): the dense list with the MLP replaced by the MoE block
-/// (Megatron-Core get_gpt_layer_with_transformer_engine_spec with num_experts: mlp = MoELayer)
-/// and / or local attention (model.attention.window).
+/// (Megatron-Core get_gpt_layer_with_transformer_engine_spec with num_experts: mlp = MoELayer),
+/// local attention (model.attention.window) and / or the attention replaced by multi-head
+/// latent attention (multi_latent_attention: self_attention = MLASelfAttention).
 std::vector<BlockSpec> layer_spec(const ModelSpec& m, int kind);
 
 /// Layers of each kind among global layers [first, first + count).
@@ -108,7 +109,7 @@ class ModelBlocks {
  public:
   explicit ModelBlocks(const ModelSpec& m);
   /// The block list of global layer `index` (its layer_kind).
-  const Layer& layer(int64_t index) const { return kind(layer_kind(moe_, attention_, index)); }
+  const Layer& layer(int64_t index) const { return kind(layer_kind(moe_, attention_, mla_, index)); }
   /// The block list of a layer kind (0 <= k < kLayerKinds).
   const Layer& kind(int k) const;
   const Block& embedding() const;
@@ -119,6 +120,7 @@ class ModelBlocks {
   // through their BlockContext. Copies without heap allocation for a dense model.
   MoeSpec moe_;
   AttentionWindow attention_;
+  bool mla_ = false;
   // Blocks hold no per-model state (block.hpp), so the embedding, the head and the block list
   // of each layer kind are built once per process and shared (layer.cpp).
 };

@@ -1,17 +1,20 @@
 #pragma once
 // Which kind of layer a global layer index is (models/blocks/layer.hpp builds one block list
 // per kind): bit 0 = MoE (ModelSpec::moe.is_moe_layer), bit 1 = local (sliding-window)
-// attention (AttentionWindow::windowed). Kind 0 is the dense full-attention layer.
+// attention (AttentionWindow::windowed), bit 2 = multi-head latent attention (model-wide:
+// ModelSpec::mla, models/blocks/mla.hpp). Kind 0 is the dense full-attention layer.
 #include <cstdint>
 
 #include "models/experiment.hpp"
 
 namespace dtsim::blocks {
 
-inline constexpr int kLayerKinds = 4;
-inline int layer_kind(const MoeSpec& moe, const AttentionWindow& attention, int64_t index) {
-  return (moe.is_moe_layer(index) ? 1 : 0) + (attention.windowed(index) ? 2 : 0);
+inline constexpr int kLayerKinds = 8;
+inline int layer_kind(const MoeSpec& moe, const AttentionWindow& attention, bool mla, int64_t index) {
+  return (moe.is_moe_layer(index) ? 1 : 0) + (attention.windowed(index) ? 2 : 0) + (mla ? 4 : 0);
 }
-inline int layer_kind(const ModelSpec& m, int64_t index) { return layer_kind(m.moe, m.attention, index); }
+inline int layer_kind(const ModelSpec& m, int64_t index) {
+  return layer_kind(m.moe, m.attention, m.mla.enabled(), index);
+}
 
 }  // namespace dtsim::blocks

@@ -42,6 +42,13 @@ std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
       a.heads = at_least_1(m.heads / t);
       a.kv_heads = at_least_1(m.kv_heads / t);
       a.head_dim = hd;
+      if (m.mla.enabled()) {
+        // MLA (models/blocks/mla.hpp): every head has its own key and value after the up
+        // projections; the query / key head is qk_nope + qk_rope wide (the value head,
+        // v_head_dim, is not part of the kernel key).
+        a.kv_heads = a.heads;
+        a.head_dim = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim;
+      }
       a.seq_q = s;
       a.backward = name.find("bwd") != std::string_view::npos;
       a.causal = exp.training.flash_attention;  // unfused attention is a dense masked GEMM

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/blocks/layer.hpp"
+#include "models/blocks/mla.hpp"
 #include "models/calibration/plan_kernels.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
@@ -114,17 +115,24 @@ void check_experiment(const Experiment& e) {
 
     // Every forward GEMM's declared shape costs its FLOPs (2 m n k); the linear layers'
     // weights (k x n per rank) are the blocks' sharded weights / t.
-    double weights = 0;
+    double weights = 0, replicated_gemm_weights = 0;
     for (const auto& op : ops.forward_gemms) {
       expect_close(op.flops, 2.0 * static_cast<double>(op.gemm.m) * static_cast<double>(op.gemm.n) *
                                  static_cast<double>(op.gemm.k),
                    op.name);
       // Routed experts' grouped GEMMs hold expert weights (E / ep experts), checked by test_moe_plan.
-      if (op.gemm_linear && std::string(op.name).rfind("expert_", 0) != 0)
+      // MLA's down projections are duplicated over TP (models/blocks/mla.hpp): replicated weights.
+      const std::string name = op.name;
+      if (name == "q_down" || name == "kv_down")
+        replicated_gemm_weights += static_cast<double>(op.gemm.n) * static_cast<double>(op.gemm.k);
+      else if (op.gemm_linear && name.rfind("expert_", 0) != 0)
         weights += static_cast<double>(op.gemm.n) * static_cast<double>(op.gemm.k);
     }
     const blocks::BlockParams p = blk.parameters(m);
     expect_close(weights, p.sharded_weights / t, "GEMM weights");
+    if (m.mla.enabled())
+      EXPECT_EQ(replicated_gemm_weights, blocks::MlaBlock().parameters(m).replicated_weights -
+                                             static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank));
     EXPECT_EQ(static_cast<double>(layer_parameters(m)),
               p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases);
     EXPECT_EQ(layer_parameters_per_tp_rank(m, l.tp), blk.parameters_per_tp_rank(m, l.tp));

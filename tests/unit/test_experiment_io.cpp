@@ -801,7 +801,8 @@ TEST(ExperimentIoHf, BadFiles) {
     const auto ps = problems(hf_yaml("  hf_config: t5.json\n"), {}, d.path().string());
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: model.hf_config=\"t5.json\": model_type=\"t5\" is not supported (supported: llama, "
-                     "mistral, qwen2, gpt2, gpt_neox)");
+                     "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt2, "
+                     "gpt_neox)");
   }
   {
     d.write("relu.json", R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
@@ -813,6 +814,443 @@ TEST(ExperimentIoHf, BadFiles) {
               ps.end())
         << dump(ps);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face config.json: mixture of experts (the published config.json values, inline).
+
+const fs::path kMoeConfigs = fs::path(DTSIM_SOURCE_DIR) / "experiments/moe/configs";
+
+// mistralai/Mixtral-8x7B-v0.1 config.json.
+const char* kMixtral8x7b = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0",
+  "use_cache": true, "vocab_size": 32000})";
+
+TEST(ExperimentIoHfMoe, Mixtral8x7B) {
+  TempDir d;
+  d.write("mixtral.json", kMixtral8x7b);
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: mixtral.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.name, "mixtral");
+  EXPECT_EQ(m.layers, 32);
+  EXPECT_EQ(m.hidden, 4096);
+  EXPECT_EQ(m.heads, 32);
+  EXPECT_EQ(m.kv_heads, 8);
+  EXPECT_EQ(m.ffn_hidden, 14336);
+  EXPECT_EQ(m.vocab, 32000);
+  EXPECT_EQ(m.activation, Activation::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.norm, Norm::rmsnorm);
+  EXPECT_EQ(m.position, Position::rope);
+  EXPECT_EQ(m.max_position_embeddings, 32768);
+  EXPECT_EQ(m.head_dim_override, 0);
+  EXPECT_EQ(m.head_dim(), 128);
+  EXPECT_EQ(m.mtp_layers, 0);
+  EXPECT_FALSE(m.mla.enabled());
+  const MoeSpec& x = m.moe;
+  EXPECT_EQ(x.num_experts, 8);
+  EXPECT_EQ(x.router_topk, 2);
+  EXPECT_EQ(x.moe_ffn_hidden, 14336);
+  EXPECT_EQ(x.shared_expert_ffn_hidden, 0);
+  EXPECT_EQ(x.first_k_dense, 0);
+  EXPECT_EQ(x.layer_freq, 1);
+  EXPECT_TRUE(x.layer_pattern.empty());
+  for (int64_t i = 0; i < m.layers; ++i) EXPECT_TRUE(x.is_moe_layer(i)) << i;
+  EXPECT_EQ(x.router_score, RouterScore::softmax);
+  EXPECT_FALSE(x.router_expert_bias);
+  EXPECT_EQ(x.router_num_groups, 0);
+  EXPECT_EQ(x.router_group_topk, 0);
+  // The shipped copy of the published file reads the same.
+  const Experiment shipped = parse_experiment(hf_yaml("  hf_config: mixtral-8x7b.json\n"), "exp.yaml", {},
+                                              kMoeConfigs.string());
+  EXPECT_EQ(shipped.model.moe.num_experts, 8);
+  EXPECT_EQ(shipped.model.moe.moe_ffn_hidden, 14336);
+  EXPECT_EQ(shipped.model.kv_heads, 8);
+}
+
+TEST(ExperimentIoHfMoe, YamlMoeKeysOverrideTheJson) {
+  TempDir d;
+  d.write("mixtral.json", kMixtral8x7b);
+  // A model.moe section merges into the config.json's experts: nothing is required again.
+  const Experiment e = parse_experiment(
+      hf_yaml("  hf_config: mixtral.json\n  moe: {router_topk: 1, load_balancing: aux_loss}\n"), "exp.yaml", {},
+      d.path().string());
+  EXPECT_EQ(e.model.moe.num_experts, 8);
+  EXPECT_EQ(e.model.moe.router_topk, 1);
+  EXPECT_EQ(e.model.moe.moe_ffn_hidden, 14336);
+  EXPECT_EQ(e.model.moe.balance, RouterBalance::aux_loss);
+  // Mixtral's experts are intermediate_size wide: a YAML ffn_hidden resizes them too, unless
+  // model.moe.moe_ffn_hidden says otherwise.
+  EXPECT_EQ(parse_experiment(hf_yaml("  hf_config: mixtral.json\n  ffn_hidden: 1024\n"), "exp.yaml", {},
+                             d.path().string())
+                .model.moe.moe_ffn_hidden,
+            1024);
+  EXPECT_EQ(parse_experiment(hf_yaml("  hf_config: mixtral.json\n  ffn_hidden: 1024\n  moe: {moe_ffn_hidden: 2048}\n"),
+                             "exp.yaml", {}, d.path().string())
+                .model.moe.moe_ffn_hidden,
+            2048);
+  // A YAML layer rule.
+  const Experiment half = parse_experiment(hf_yaml("  hf_config: mixtral.json\n  moe: {layer_freq: 2}\n"),
+                                           "exp.yaml", {}, d.path().string());
+  EXPECT_TRUE(half.model.moe.is_moe_layer(0));
+  EXPECT_FALSE(half.model.moe.is_moe_layer(1));
+  // Without hf_config the three sizes are still required.
+  const auto ps = problems(hf_yaml("  name: m\n  layers: 2\n  hidden: 256\n  heads: 8\n  ffn_hidden: 512\n"
+                                   "  vocab: 32000\n  activation: swiglu\n  tied_embeddings: false\n"
+                                   "  norm: rmsnorm\n  position: rope\n  moe: {num_experts: 8}\n"));
+  EXPECT_NE(std::find(ps.begin(), ps.end(), "exp.yaml: model.moe.router_topk is required"), ps.end()) << dump(ps);
+}
+
+TEST(ExperimentIoHfMoe, MixtralDefaultsAndErrors) {
+  TempDir d;
+  // MixtralConfig defaults: 8 experts, top-2, 8 key/value heads.
+  d.write("min.json", R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 16, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu"})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: min.json\n"), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(e.model.moe.num_experts, 8);
+  EXPECT_EQ(e.model.moe.router_topk, 2);
+  EXPECT_EQ(e.model.kv_heads, 8);
+  // An unknown key is named.
+  d.write("unk.json", R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 16, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
+    "expert_capacity": 4})");
+  const auto ps = problems(hf_yaml("  hf_config: unk.json\n"), {}, d.path().string());
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_EQ(ps[0].rfind("exp.yaml: model.hf_config=\"unk.json\": \"expert_capacity\" is not a key dtsim reads or knows "
+                        "to leave the model unchanged (model family mixtral;",
+                        0),
+            0u)
+      << ps[0];
+}
+
+// Qwen/Qwen3-30B-A3B config.json.
+const char* kQwen3_30bA3b = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ExperimentIoHfMoe, Qwen3_30bA3b) {
+  TempDir d;
+  d.write("qwen3.json", kQwen3_30bA3b);
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: qwen3.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.layers, 48);
+  EXPECT_EQ(m.hidden, 2048);
+  EXPECT_EQ(m.heads, 32);
+  EXPECT_EQ(m.kv_heads, 4);
+  EXPECT_EQ(m.ffn_hidden, 6144);
+  EXPECT_EQ(m.vocab, 151936);
+  EXPECT_EQ(m.activation, Activation::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.norm, Norm::rmsnorm);
+  EXPECT_EQ(m.position, Position::rope);
+  EXPECT_EQ(m.max_position_embeddings, 40960);
+  // head_dim 128 x 32 heads = 4096 attention width on a 2048 hidden size.
+  EXPECT_EQ(m.head_dim_override, 128);
+  EXPECT_EQ(m.head_dim(), 128);
+  EXPECT_EQ(m.mtp_layers, 0);
+  EXPECT_FALSE(m.mla.enabled());
+  const MoeSpec& x = m.moe;
+  EXPECT_EQ(x.num_experts, 128);
+  EXPECT_EQ(x.router_topk, 8);
+  EXPECT_EQ(x.moe_ffn_hidden, 768);
+  EXPECT_EQ(x.shared_expert_ffn_hidden, 0);
+  EXPECT_EQ(x.first_k_dense, 0);
+  EXPECT_EQ(x.layer_freq, 1);
+  EXPECT_TRUE(x.layer_pattern.empty());  // every layer MoE
+  EXPECT_EQ(x.router_score, RouterScore::softmax);
+  EXPECT_FALSE(x.router_expert_bias);
+  EXPECT_EQ(x.router_num_groups, 0);
+  // A YAML model.head_dim wins over the JSON's.
+  EXPECT_EQ(parse_experiment(hf_yaml("  hf_config: qwen3.json\n  head_dim: 64\n"), "exp.yaml", {}, d.path().string())
+                .model.head_dim_override,
+            64);
+  // The shipped copy of the published file reads the same.
+  const Experiment shipped = parse_experiment(hf_yaml("  hf_config: qwen3-30b-a3b.json\n"), "exp.yaml", {},
+                                              kMoeConfigs.string());
+  EXPECT_EQ(shipped.model.moe.num_experts, 128);
+  EXPECT_EQ(shipped.model.head_dim_override, 128);
+}
+
+// Qwen/Qwen2-57B-A14B config.json.
+const char* kQwen2_57bA14b = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+  "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+  "model_type": "qwen2_moe", "moe_intermediate_size": 2560, "norm_topk_prob": false, "num_attention_heads": 28,
+  "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_key_value_heads": 4,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+  "shared_expert_intermediate_size": 20480, "sliding_window": 131072, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936})";
+
+TEST(ExperimentIoHfMoe, Qwen2_57bA14b) {
+  TempDir d;
+  d.write("qwen2.json", kQwen2_57bA14b);
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: qwen2.json\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.layers, 28);
+  EXPECT_EQ(m.hidden, 3584);
+  EXPECT_EQ(m.heads, 28);
+  EXPECT_EQ(m.kv_heads, 4);
+  EXPECT_EQ(m.ffn_hidden, 18944);
+  EXPECT_EQ(m.vocab, 151936);
+  EXPECT_EQ(m.activation, Activation::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.max_position_embeddings, 131072);
+  EXPECT_EQ(m.head_dim_override, 0);  // no head_dim: 3584 / 28 = 128
+  const MoeSpec& x = m.moe;
+  EXPECT_EQ(x.num_experts, 64);
+  EXPECT_EQ(x.router_topk, 8);
+  EXPECT_EQ(x.moe_ffn_hidden, 2560);
+  EXPECT_EQ(x.shared_expert_ffn_hidden, 20480);
+  EXPECT_TRUE(x.layer_pattern.empty());
+  EXPECT_EQ(x.router_score, RouterScore::softmax);
+  EXPECT_FALSE(x.router_expert_bias);
+}
+
+TEST(ExperimentIoHfMoe, QwenSparseStepAndMlpOnlyLayers) {
+  TempDir d;
+  // decoder_sparse_step 2: layers 1, 3, 5 are MoE; mlp_only_layers [3] makes layer 3 dense.
+  d.write("q.json", R"({"model_type": "qwen3_moe", "num_hidden_layers": 6, "hidden_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 1024, "vocab_size": 32000,
+    "hidden_act": "silu", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+    "decoder_sparse_step": 2, "mlp_only_layers": [3]})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: q.json\n"), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(e.model.moe.layer_pattern, (std::vector<uint8_t>{0, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(e.model.ffn_hidden, 1024);  // the dense layers' MLP
+  // The rule is applied to the final layer count.
+  const Experiment more = parse_experiment(hf_yaml("  hf_config: q.json\n  layers: 8\n"), "exp.yaml", {},
+                                           d.path().string());
+  EXPECT_EQ(more.model.moe.layer_pattern, (std::vector<uint8_t>{0, 1, 0, 0, 0, 1, 0, 1}));
+  // A YAML layer rule replaces the JSON's list.
+  const Experiment yaml_rule = parse_experiment(hf_yaml("  hf_config: q.json\n  moe: {first_k_dense: 2}\n"),
+                                                "exp.yaml", {}, d.path().string());
+  EXPECT_TRUE(yaml_rule.model.moe.layer_pattern.empty());
+  EXPECT_FALSE(yaml_rule.model.moe.is_moe_layer(1));
+  EXPECT_TRUE(yaml_rule.model.moe.is_moe_layer(3));
+  // num_experts 0: a dense model.
+  d.write("dense.json", R"({"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 32000, "hidden_act": "silu",
+    "num_experts": 0})");
+  EXPECT_FALSE(
+      parse_experiment(hf_yaml("  hf_config: dense.json\n"), "exp.yaml", {}, d.path().string()).model.moe.enabled());
+  // Bad values name their key.
+  d.write("bad.json", R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 32000, "hidden_act": "silu",
+    "decoder_sparse_step": 0, "mlp_only_layers": "all"})");
+  const auto ps = problems(hf_yaml("  hf_config: bad.json\n"), {}, d.path().string());
+  EXPECT_NE(std::find(ps.begin(), ps.end(),
+                      "exp.yaml: model.hf_config=\"bad.json\": \"decoder_sparse_step\"=0 must be a positive integer"),
+            ps.end())
+      << dump(ps);
+  EXPECT_NE(std::find(ps.begin(), ps.end(),
+                      "exp.yaml: model.hf_config=\"bad.json\": \"mlp_only_layers\"=\"all\" is not a list of integers"),
+            ps.end())
+      << dump(ps);
+}
+
+TEST(ExperimentIoHfMoe, Qwen3DenseHeadDim) {
+  TempDir d;
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
+  d.write("q3.json", R"({"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 1024,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072, "vocab_size": 151936,
+    "hidden_act": "silu", "tie_word_embeddings": true})");
+  const Experiment e = parse_experiment(hf_yaml("  hf_config: q3.json\n"), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(e.model.head_dim_override, 128);
+  EXPECT_FALSE(e.model.moe.enabled());
+  EXPECT_TRUE(e.model.tied_embeddings);
+  d.write("q3b.json", R"({"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 1024,
+    "num_attention_heads": 16, "intermediate_size": 3072, "vocab_size": 151936, "hidden_act": "silu",
+    "head_dim": 64})");
+  EXPECT_EQ(parse_experiment(hf_yaml("  hf_config: q3b.json\n"), "exp.yaml", {}, d.path().string())
+                .model.head_dim_override,
+            0);  // 64 = 1024 / 16
+}
+
+// deepseek-ai/DeepSeek-V3 config.json.
+const char* kDeepseekV3 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+               "AutoModel": "modeling_deepseek.DeepseekV3Model",
+               "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+  "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+  "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+  "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+  "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+  "transformers_version": "4.33.1", "use_cache": true, "v_head_dim": 128, "vocab_size": 129280})";
+
+TEST(ExperimentIoHfMoe, DeepseekV3) {
+  TempDir d;
+  d.write("v3.json", kDeepseekV3);
+  // dtsim does not simulate the multi-token prediction module yet: the YAML turns it off.
+  const Experiment e =
+      parse_experiment(hf_yaml("  hf_config: v3.json\n  mtp_layers: 0\n"), "exp.yaml", {}, d.path().string());
+  const ModelSpec& m = e.model;
+  EXPECT_EQ(m.layers, 61);
+  EXPECT_EQ(m.hidden, 7168);
+  EXPECT_EQ(m.heads, 128);
+  EXPECT_EQ(m.kv_heads, 128);
+  EXPECT_EQ(m.ffn_hidden, 18432);  // the first three (dense) layers
+  EXPECT_EQ(m.vocab, 129280);
+  EXPECT_EQ(m.activation, Activation::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.norm, Norm::rmsnorm);
+  EXPECT_EQ(m.position, Position::rope);
+  EXPECT_EQ(m.max_position_embeddings, 163840);
+  EXPECT_EQ(m.head_dim_override, 0);
+  EXPECT_EQ(m.mtp_layers, 0);
+  EXPECT_TRUE(m.mla.enabled());
+  EXPECT_EQ(m.mla.q_lora_rank, 1536);
+  EXPECT_EQ(m.mla.kv_lora_rank, 512);
+  EXPECT_EQ(m.mla.qk_nope_head_dim, 128);
+  EXPECT_EQ(m.mla.qk_rope_head_dim, 64);
+  EXPECT_EQ(m.mla.v_head_dim, 128);
+  const MoeSpec& x = m.moe;
+  EXPECT_EQ(x.num_experts, 256);
+  EXPECT_EQ(x.router_topk, 8);
+  EXPECT_EQ(x.moe_ffn_hidden, 2048);
+  EXPECT_EQ(x.shared_expert_ffn_hidden, 2048);  // 1 shared expert x 2048
+  EXPECT_EQ(x.first_k_dense, 3);
+  EXPECT_EQ(x.layer_freq, 1);
+  EXPECT_TRUE(x.layer_pattern.empty());
+  EXPECT_FALSE(x.is_moe_layer(2));
+  EXPECT_TRUE(x.is_moe_layer(3));
+  EXPECT_TRUE(x.is_moe_layer(60));
+  EXPECT_EQ(x.router_score, RouterScore::sigmoid);
+  EXPECT_TRUE(x.router_expert_bias);  // noaux_tc
+  EXPECT_EQ(x.router_num_groups, 8);
+  EXPECT_EQ(x.router_group_topk, 4);
+  // Without the YAML override the config.json's MTP module is read, and refused.
+  {
+    const auto ps = problems(hf_yaml("  hf_config: v3.json\n"), {}, d.path().string());
+    ASSERT_EQ(ps.size(), 1u) << dump(ps);
+    EXPECT_EQ(ps[0], "exp.yaml: model.mtp_layers=1: multi-token prediction layers are not simulated yet (set 0)");
+  }
+  // The shipped copy of the published file reads the same.
+  const Experiment shipped = parse_experiment(hf_yaml("  hf_config: deepseek-v3.json\n  mtp_layers: 0\n"),
+                                              "exp.yaml", {}, kMoeConfigs.string());
+  EXPECT_EQ(shipped.model.moe.num_experts, 256);
+  EXPECT_EQ(shipped.model.mla.kv_lora_rank, 512);
+  EXPECT_TRUE(shipped.model.moe.router_expert_bias);
+  // YAML model.moe / model.mla keys override the JSON's.
+  const Experiment o = parse_experiment(
+      hf_yaml("  hf_config: v3.json\n  mtp_layers: 0\n  moe: {router_topk: 4}\n  mla: {q_lora_rank: 0}\n"),
+      "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(o.model.moe.router_topk, 4);
+  EXPECT_EQ(o.model.moe.num_experts, 256);
+  EXPECT_EQ(o.model.mla.q_lora_rank, 0);
+  EXPECT_EQ(o.model.mla.kv_lora_rank, 512);
+}
+
+// A DeepSeek-V2/V3 style config.json of 6 layers with `extra` members added or replaced.
+std::string small_deepseek(const std::string& type, const std::string& extra) {
+  return R"({"model_type": ")" + type + R"(", "num_hidden_layers": 6, "hidden_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 32000,
+    "hidden_act": "silu", "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+    "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32)" +
+         (extra.empty() ? std::string() : ", " + extra) + "}";
+}
+
+TEST(ExperimentIoHfMoe, DeepseekRoutingAndLayers) {
+  TempDir d;
+  auto read = [&](const std::string& json, const std::string& yaml_extra = "") {
+    d.write("ds.json", json);
+    return parse_experiment(hf_yaml("  hf_config: ds.json\n" + yaml_extra), "exp.yaml", {}, d.path().string()).model;
+  };
+  // DeepSeek-V2 (236B) routing: softmax, group-limited greedy (8 groups, top 3), no expert bias;
+  // 2 shared experts.
+  {
+    const ModelSpec m = read(small_deepseek("deepseek_v2", R"("scoring_func": "softmax",
+      "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3, "n_shared_experts": 2,
+      "first_k_dense_replace": 1)"));
+    EXPECT_EQ(m.moe.router_score, RouterScore::softmax);
+    EXPECT_FALSE(m.moe.router_expert_bias);
+    EXPECT_EQ(m.moe.router_num_groups, 8);
+    EXPECT_EQ(m.moe.router_group_topk, 3);
+    EXPECT_EQ(m.moe.shared_expert_ffn_hidden, 256);
+    EXPECT_EQ(m.moe.first_k_dense, 1);
+  }
+  // DeepSeek-V2-Lite: q_lora_rank null (queries projected directly), greedy top-k ignores groups.
+  {
+    const ModelSpec m = read(small_deepseek("deepseek_v2", R"("q_lora_rank": null, "topk_method": "greedy",
+      "n_group": 1, "topk_group": 1)"));
+    EXPECT_EQ(m.mla.q_lora_rank, 0);
+    EXPECT_EQ(m.moe.router_num_groups, 0);
+    EXPECT_EQ(m.moe.router_score, RouterScore::softmax);  // DeepseekV2 default
+    EXPECT_EQ(m.moe.first_k_dense, 0);                    // DeepseekV2Config default
+    EXPECT_EQ(m.mtp_layers, 0);
+  }
+  // Kimi-K2: DeepSeek-V3's code; one expert group limits nothing.
+  {
+    const ModelSpec m = read(small_deepseek("kimi_k2", R"("n_group": 1, "topk_group": 1, "scoring_func": "sigmoid",
+      "topk_method": "noaux_tc", "first_k_dense_replace": 1, "num_nextn_predict_layers": 0)"));
+    EXPECT_EQ(m.moe.router_score, RouterScore::sigmoid);
+    EXPECT_TRUE(m.moe.router_expert_bias);
+    EXPECT_EQ(m.moe.router_num_groups, 0);
+    EXPECT_EQ(m.moe.shared_expert_ffn_hidden, 128);  // DeepseekV3Config default: 1 shared expert
+  }
+  // moe_layer_freq counts from layer 0 (i % freq == 0 after the dense ones): a per-layer list
+  // when MoeSpec's rule (counted from first_k_dense) differs.
+  {
+    const ModelSpec m = read(small_deepseek("deepseek_v3", R"("first_k_dense_replace": 1, "moe_layer_freq": 2)"),
+                             "  mtp_layers: 0\n");
+    EXPECT_EQ(m.moe.layer_pattern, (std::vector<uint8_t>{0, 0, 1, 0, 1, 0}));
+    const ModelSpec even = read(small_deepseek("deepseek_v3", R"("first_k_dense_replace": 2, "moe_layer_freq": 2)"));
+    EXPECT_TRUE(even.moe.layer_pattern.empty());
+    EXPECT_EQ(even.moe.first_k_dense, 2);
+    EXPECT_EQ(even.moe.layer_freq, 2);
+  }
+}
+
+TEST(ExperimentIoHfMoe, DeepseekErrorsNameTheKey) {
+  TempDir d;
+  auto first_problem = [&](const std::string& json) {
+    d.write("ds.json", json);
+    const auto ps = problems(hf_yaml("  hf_config: ds.json\n"), {}, d.path().string());
+    EXPECT_EQ(ps.size(), 1u) << dump(ps);
+    return ps.empty() ? std::string() : ps[0];
+  };
+  EXPECT_EQ(first_problem(small_deepseek("deepseek_v3", R"("scoring_func": "sqrtsoftplus")")),
+            "exp.yaml: model.hf_config=\"ds.json\": \"scoring_func\"=\"sqrtsoftplus\" is not supported (supported: "
+            "softmax, sigmoid)");
+  EXPECT_EQ(first_problem(small_deepseek("deepseek_v3", R"("topk_method": "random")")),
+            "exp.yaml: model.hf_config=\"ds.json\": \"topk_method\"=\"random\" is not supported (supported: greedy, "
+            "group_limited_greedy, noaux_tc)");
+  const std::string unknown = first_problem(small_deepseek("deepseek_v3", R"("index_topk": 2048)"));
+  EXPECT_EQ(unknown.rfind("exp.yaml: model.hf_config=\"ds.json\": \"index_topk\" is not a key dtsim reads or knows to "
+                          "leave the model unchanged (model family deepseek_v2, deepseek_v3, kimi_k2;",
+                          0),
+            0u)
+      << unknown;
+  EXPECT_EQ(first_problem(small_deepseek("deepseek_v3", R"("head_dim": 32)")),
+            "exp.yaml: model.hf_config=\"ds.json\": \"head_dim\"=32 is not qk_rope_head_dim=16 (the value transformers "
+            "derives); MLA's head sizes are qk_nope_head_dim, qk_rope_head_dim and v_head_dim");
+  // The derived values themselves are fine.
+  d.write("ok.json", small_deepseek("deepseek_v3", R"("head_dim": 16, "qk_head_dim": 48)"));
+  EXPECT_TRUE(problems(hf_yaml("  hf_config: ok.json\n"), {}, d.path().string()).empty())
+      << dump(problems(hf_yaml("  hf_config: ok.json\n"), {}, d.path().string()));
 }
 
 // ---------------------------------------------------------------------------------------

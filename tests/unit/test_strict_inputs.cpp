@@ -80,28 +80,43 @@ TEST(StrictHf, PublicConfigsLoad) {
   EXPECT_TRUE(problems(hf_yaml(kHfData / "mistral-7b-v0.1.json", 4096)).empty());
 }
 
-TEST(StrictHf, HeadDimOtherThanHiddenOverHeadsIsAnError) {
-  const auto ps = problems(hf_yaml(kHfData / "mistral-nemo-base-2407.json"));
-  ASSERT_EQ(ps.size(), 1u) << dump(ps);
-  EXPECT_TRUE(contains(ps[0], "\"head_dim\"=128 x heads 32 is not the hidden size 5120")) << ps[0];
-  EXPECT_TRUE(contains(ps[0], "not modelled")) << ps[0];
-  // head_dim equal to hidden / heads (Llama-3.2 style) is fine.
+TEST(StrictHf, ExplicitHeadDimIsRead) {
+  // Mistral-Nemo: head_dim 128 x 32 heads is not the hidden size 5120; the head size is read.
+  const fs::path nemo = kHfData / "mistral-nemo-base-2407.json";
+  EXPECT_TRUE(problems(hf_yaml(nemo)).empty()) << dump(problems(hf_yaml(nemo)));
+  const Experiment e = parse_experiment(hf_yaml(nemo), "exp.yaml", {}, ".");
+  EXPECT_EQ(e.model.head_dim_override, 128);
+  EXPECT_EQ(e.model.head_dim(), 128);
+  // A YAML model.head_dim wins.
+  EXPECT_EQ(parse_experiment(hf_yaml(nemo), "exp.yaml", {"model.head_dim=160"}, ".").model.head_dim_override, 160);
+  // head_dim equal to hidden / heads (Llama-3.2 style) is the default head size: no override.
   TempDir d;
   d.write("hd.json", llama_with("\"head_dim\": 128"));
   EXPECT_TRUE(problems(hf_yaml(d.path() / "hd.json")).empty());
+  EXPECT_EQ(parse_experiment(hf_yaml(d.path() / "hd.json"), "exp.yaml", {}, ".").model.head_dim_override, 0);
 }
 
-TEST(StrictHf, ExpertsAreAnError) {
+TEST(StrictHf, ExpertCountOutsideItsFamilyIsAnError) {
   TempDir d;
+  // A dense family (LlamaModel ignores the key): most likely a wrong model_type.
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     const std::string name = std::string("\"") + key + "\"";
     d.write("moe.json", llama_with(name + ": 8, \"num_experts_per_tok\": 2"));
     const auto ps = problems(hf_yaml(d.path() / "moe.json"));
     ASSERT_EQ(ps.size(), 1u) << key << dump(ps);
-    EXPECT_TRUE(contains(ps[0], name + "=8: mixture of experts is not modelled")) << ps[0];
+    EXPECT_TRUE(contains(ps[0], name + "=8: model_type llama, mistral, qwen2, qwen3 has dense MLPs")) << ps[0];
+    EXPECT_TRUE(contains(ps[0], "fix model_type")) << ps[0];
   }
   d.write("one.json", llama_with("\"num_local_experts\": 1"));  // one expert: a dense MLP
   EXPECT_TRUE(problems(hf_yaml(d.path() / "one.json")).empty());
+  // A MoE family with another family's expert count.
+  d.write("mixtral.json", R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
+    "n_routed_experts": 64})");
+  const auto ps = problems(hf_yaml(d.path() / "mixtral.json"));
+  ASSERT_EQ(ps.size(), 1u) << dump(ps);
+  EXPECT_TRUE(contains(ps[0], "\"n_routed_experts\"=64: model_type mixtral reads its experts from "
+                              "\"num_local_experts\"")) << ps[0];
 }
 
 TEST(StrictHf, SlidingWindowShorterThanTheSequenceIsAnError) {
