@@ -3,6 +3,8 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "sim/collectives/traffic.hpp"
@@ -35,6 +37,60 @@ std::vector<int64_t> sibling_offsets(const collectives::GroupLayout& g) {
   return offsets;
 }
 
+// Member -> (index of its node in g.nodes, its position among the group's members there).
+using Seat = std::pair<size_t, size_t>;
+
+// Rail planes of a phase: on a uniform group of k members per node, plane j is the members at
+// position j of their node (the same local GPU, hence the same rail, on every node of a
+// symmetric layout). True when every flow joins two members of one plane on different nodes
+// and every plane carries the same flows (node pair, bytes) as plane 0: the other k - 1 planes
+// are copies of plane 0 on other NICs, which a non-blocking fabric (no switch uplinks: each
+// NIC's own links only) keeps apart, so plane 0 alone, with each of its flows standing for the
+// gpus_per_nic GPUs on its NIC, loads every link it uses as all k planes do and finishes at the
+// same time (unfolded, each flow stands for the group's members on its NIC). The direct AllToAll (alltoall_direct.cpp pairs member j of one node with member j
+// of the other) of an EP group over whole nodes is the case this exists for: k x fewer flows.
+bool planes_are_copies(const collectives::GroupLayout& g, const collectives::Phase& ph,
+                       std::unordered_map<int64_t, Seat>& seat) {
+  if (!g.uniform() || g.per_node() < 2 || ph.flows.empty()) return false;
+  const size_t k = static_cast<size_t>(g.per_node());
+  seat.clear();
+  for (size_t a = 0; a < g.nodes.size(); ++a)
+    for (size_t j = 0; j < g.nodes[a].size(); ++j) seat[g.nodes[a][j]] = {a, j};
+  std::vector<std::vector<std::tuple<size_t, size_t, double>>> planes(k);
+  for (const collectives::Flow& f : ph.flows) {
+    const auto s = seat.find(f.src), d = seat.find(f.dst);
+    if (s == seat.end() || d == seat.end()) return false;
+    const auto [na, ja] = s->second;
+    const auto [nb, jb] = d->second;
+    if (na == nb || ja != jb) return false;
+    planes[ja].emplace_back(na, nb, f.bytes);
+  }
+  for (auto& pl : planes) std::sort(pl.begin(), pl.end());
+  for (size_t j = 1; j < k; ++j)
+    if (planes[j] != planes[0]) return false;
+  return true;
+}
+
+// Plane 0 of a phase (planes_are_copies held) is a complete exchange: one flow of the same
+// bytes for every ordered pair of distinct nodes. Sets `bytes` to that size.
+bool complete_exchange(const collectives::GroupLayout& g, const collectives::Phase& ph,
+                       const std::unordered_map<int64_t, Seat>& seat, double& bytes) {
+  const size_t n = g.nodes.size();
+  std::vector<uint8_t> seen(n * n, 0);
+  size_t count = 0;
+  bytes = -1;
+  for (const collectives::Flow& f : ph.flows) {
+    const auto [na, ja] = seat.at(f.src);
+    if (ja != 0) continue;
+    const size_t nb = seat.at(f.dst).first;
+    if (bytes < 0) bytes = f.bytes;
+    if (f.bytes != bytes || seen[na * n + nb]) return false;
+    seen[na * n + nb] = 1;
+    ++count;
+  }
+  return n > 2 && count == n * (n - 1);
+}
+
 }  // namespace
 
 double flow_bytes(const Platform& p, const FoldPolicy& fold, int64_t src, int64_t dst, double bytes) {
@@ -62,8 +118,12 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
   std::vector<int64_t> offsets;
   bool offsets_done = false;
   std::vector<sg4::CommPtr> comms;
+  std::unordered_map<int64_t, Seat> seat;
   for (const collectives::Phase& ph : plan.phases) {
     comms.clear();
+    // On a non-blocking fabric, a phase whose rail planes are copies runs plane 0 only.
+    const bool plane0 = fold.sample_planes && !(p.topology && p.topology->has_switch_uplinks()) &&
+                        planes_are_copies(g, ph, seat);
     if (!ph.flows.empty() && siblings && !offsets_done) {
       offsets = sibling_offsets(g);
       offsets_done = true;
@@ -73,15 +133,35 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
       comms.push_back(sg4::Comm::sendto_async(p.hosts[static_cast<size_t>(src)], p.hosts[static_cast<size_t>(dst)],
                                               static_cast<uint64_t>(std::max(1.0, bytes + 0.5))));
     };
-    for (const collectives::Flow& f : ph.flows) {
-      double bytes = f.bytes;
-      if (fold.fold && !siblings) {
-        // Non-blocking fabric: the GPUs sharing the source NIC outside this group run the
-        // same collective at the same time.
-        bytes *= static_cast<double>(p.gpus_per_nic) / static_cast<double>(collectives::traffic::members_on_nic(g, f.src));
+    // Folded, plane 0 of a complete exchange over N > 2 nodes runs as N flows, node a to node
+    // a + 1, each with the N - 1 chunks node a sends: every NIC's egress and ingress carry the
+    // bytes of the N (N - 1) per-pair flows, and alone the exchange ends at the same time (each
+    // per-pair flow gets 1 / (N - 1) of both its NICs). Beside other traffic on those NICs,
+    // max-min sharing gives the exchange one share instead of N - 1: the fold's approximation,
+    // as in the rest of a folded step (symmetric ranks), for N - 1 x fewer flows.
+    double chunk = 0;
+    if (plane0 && fold.fold && fold.sample_planes && complete_exchange(g, ph, seat, chunk)) {
+      const size_t n = g.nodes.size();
+      for (size_t a = 0; a < n; ++a)
+        launch(g.nodes[a][0], g.nodes[(a + 1) % n][0],
+               static_cast<double>(n - 1) * chunk * static_cast<double>(p.gpus_per_nic));
+    } else {
+      for (const collectives::Flow& f : ph.flows) {
+        double bytes = f.bytes;
+        if (plane0) {
+          if (seat.at(f.src).second != 0) continue;
+          // Each flow stands for the copies of the other planes on its NIC; folded, also for the
+          // GPUs there outside the group (the fold scaling below, summed over the NIC's members).
+          bytes *= fold.fold ? static_cast<double>(p.gpus_per_nic)
+                             : static_cast<double>(collectives::traffic::members_on_nic(g, f.src));
+        } else if (fold.fold && !siblings) {
+          // Non-blocking fabric: the GPUs sharing the source NIC outside this group run the
+          // same collective at the same time.
+          bytes *= static_cast<double>(p.gpus_per_nic) / static_cast<double>(collectives::traffic::members_on_nic(g, f.src));
+        }
+        launch(f.src, f.dst, bytes);
+        for (int64_t o : offsets) launch(f.src + o, f.dst + o, f.bytes);
       }
-      launch(f.src, f.dst, bytes);
-      for (int64_t o : offsets) launch(f.src + o, f.dst + o, f.bytes);
     }
     const double local = std::max(ph.intra_s, ph.floor_s);
     if (local > 0) sg4::this_actor::sleep_for(local);

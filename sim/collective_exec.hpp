@@ -27,6 +27,10 @@ struct FoldPolicy {
   /// in the group (they move the same traffic at the same time); on a fabric with switch
   /// uplinks, the flows of those sibling groups are launched too, so uplinks see them all.
   bool fold = true;
+  /// On a non-blocking fabric, run only rail plane 0 of a phase whose planes are copies
+  /// (collective_exec.cpp planes_are_copies): the same time with k x fewer flows for k members
+  /// per node; false launches every plane (the tests compare the two).
+  bool sample_planes = true;
 };
 
 /// Bytes a P2P flow from GPU `src` to GPU `dst` carries for `bytes` of payload under `fold`

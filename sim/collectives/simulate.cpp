@@ -49,7 +49,7 @@ std::vector<CollectiveTiming> prepare(const ClusterSpec& c, const std::vector<Co
 }  // namespace
 
 std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, const std::vector<CollectiveRun>& runs,
-                                                   bool fold) {
+                                                   bool fold, bool sample_planes) {
   std::vector<CollectiveTiming> timings = prepare(cluster, runs);
   xbt_log_control_set("root.thres:critical");
   int argc = 1;
@@ -58,7 +58,7 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   sg4::Engine engine(&argc, argv);
   for (const auto& [k, v] : simgrid_engine::model_flags()) sg4::Engine::set_config(k + ":" + v);
   const simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
-  const simgrid_engine::FoldPolicy fp{fold};
+  const simgrid_engine::FoldPolicy fp{fold, sample_planes};
 
   std::map<int, std::vector<size_t>> batches;
   for (size_t i = 0; i < runs.size(); ++i) batches[runs[i].batch].push_back(i);
@@ -85,13 +85,14 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
 }
 
 std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& cluster,
-                                                            const std::vector<CollectiveRun>& runs, bool fold) {
+                                                            const std::vector<CollectiveRun>& runs, bool fold,
+                                                            bool sample_planes) {
   (void)prepare(cluster, runs);  // input errors surface in this process
   const std::string text = run_in_child(
       [&] {
         std::ostringstream os;
         os.precision(17);
-        for (const auto& t : simulate_collectives(cluster, runs, fold))
+        for (const auto& t : simulate_collectives(cluster, runs, fold, sample_planes))
           os << t.time_s << ' ' << t.closed_form_s << ' ' << t.algorithm << ' ' << static_cast<int>(t.protocol) << '\n';
         return os.str();
       },

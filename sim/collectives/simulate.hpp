@@ -30,13 +30,15 @@ struct CollectiveTiming {
 };
 
 /// Runs `runs` on a fresh SimGrid engine in this process (one engine per process: call at
-/// most once). `fold` as the training engine's FoldPolicy (false: each run is just itself).
+/// most once). `fold` as the training engine's FoldPolicy (false: each run is just itself);
+/// `sample_planes` as FoldPolicy::sample_planes (false: every rail plane's flows).
 /// Throws InputError for bad choices or members outside the cluster.
 std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, const std::vector<CollectiveRun>& runs,
-                                                   bool fold = false);
+                                                   bool fold = false, bool sample_planes = true);
 
 /// Same, in a forked child process, so that a process can call it many times.
 std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& cluster,
-                                                            const std::vector<CollectiveRun>& runs, bool fold = false);
+                                                            const std::vector<CollectiveRun>& runs, bool fold = false,
+                                                            bool sample_planes = true);
 
 }  // namespace dtsim::collectives

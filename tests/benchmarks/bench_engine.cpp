@@ -1,6 +1,7 @@
 // Speed of one simulated training step on the SimGrid engine (issue 5 targets):
 //   Llama-3-405B-size on 16,384 H100 (TP8 PP16 DP128): <= 60 s wall, <= 4 GiB RSS;
 //   GPT-3 175B on 1,024 A100: <= 5 s wall.
+//   DeepSeek-V3 on 2,048 H100 (TP1 PP16 EP64 DP128, 120 micro-batches, issue 16): < 5 s wall.
 // Each iteration simulates in a forked child (one SimGrid engine per process), so the
 // time includes fork and plan building; child_max_rss_MiB is the largest child RSS.
 //   ./build/tests/dtsim_bench_engine
@@ -26,6 +27,9 @@ void simulate_file(benchmark::State& state, const std::string& rel, bool fold) {
 
 void BM_StepLlama405B_16K_H100(benchmark::State& s) { simulate_file(s, "experiments/scale/llama3-405b-16k-h100.yaml", true); }
 void BM_StepGpt3_175B_1024_A100(benchmark::State& s) { simulate_file(s, "experiments/scale/gpt3-175b-1024-a100.yaml", true); }
+void BM_StepDeepSeekV3_2048_H100(benchmark::State& s) {
+  simulate_file(s, "experiments/scale/deepseek-v3-2048-h100.yaml", true);
+}
 void BM_StepGpt3_175B_64_A100(benchmark::State& s) { simulate_file(s, "experiments/gpt3-175b-selective.yaml", true); }
 void BM_StepGpt3_175B_64_A100_Unfolded(benchmark::State& s) {
   simulate_file(s, "experiments/gpt3-175b-selective.yaml", false);
@@ -33,6 +37,7 @@ void BM_StepGpt3_175B_64_A100_Unfolded(benchmark::State& s) {
 
 BENCHMARK(BM_StepLlama405B_16K_H100)->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_StepGpt3_175B_1024_A100)->Unit(benchmark::kSecond)->Iterations(1);
+BENCHMARK(BM_StepDeepSeekV3_2048_H100)->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_StepGpt3_175B_64_A100)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_StepGpt3_175B_64_A100_Unfolded)->Unit(benchmark::kSecond)->Iterations(1);
 

@@ -129,5 +129,51 @@ TEST(CollectiveContention, FoldedGroupStandsForItsSiblings) {
   }
 }
 
+// Rail-plane sampling (sim/collective_exec.cpp planes_are_copies): an AllToAll over whole
+// nodes runs only plane 0's flows on a non-blocking fabric, and takes the same simulated time
+// as launching every plane's flows, folded or not, with 1 or 2 GPUs per NIC, alone or beside
+// a second group on the same nodes; a group with unequal members per node runs every flow.
+TEST(CollectiveContention, RailPlaneSamplingGivesThePerPairTime) {
+  auto a2a = [](std::vector<int64_t> members, double bytes, int batch = 0) {
+    CollectiveRun r;
+    r.members = std::move(members);
+    r.op = CollOp::AllToAll;
+    r.bytes = bytes;
+    r.choice.algorithm = "direct";
+    r.choice.protocol = "simple";
+    r.batch = batch;
+    return r;
+  };
+  auto range = [](int64_t from, int64_t to, int64_t step = 1) {
+    std::vector<int64_t> v;
+    for (int64_t i = from; i < to; i += step) v.push_back(i);
+    return v;
+  };
+  const double S = 512.0 * (1 << 20);
+  struct Case {
+    ClusterSpec cluster;
+    std::vector<CollectiveRun> runs;
+  };
+  std::vector<Case> cases = {
+      {preset("dgx-h100", 4), {a2a(range(0, 32), S)}},                       // EP32 over 4 nodes
+      {preset("dgx-a100", 3, 8, 4), {a2a(range(0, 24), S)}},                 // 2 GPUs per NIC
+      {preset("dgx-h100", 4), {a2a(range(0, 32, 2), S), a2a(range(1, 32, 2), S / 2)}},  // two groups
+      {preset("dgx-h100", 3), {a2a({0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19}, S)}},   // half nodes
+      {preset("dgx-h100", 2), {a2a({0, 1, 2, 3, 8, 9, 10, 12}, S)}},        // planes on other rails
+      {preset("dgx-h100", 2), {a2a({0, 1, 2, 8}, S)}},                      // not uniform: per pair
+  };
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (bool fold : {false, true}) {
+      SCOPED_TRACE("case " + std::to_string(i) + (fold ? " folded" : ""));
+      const auto sampled = simulate_collectives_isolated(cases[i].cluster, cases[i].runs, fold, true);
+      const auto every = simulate_collectives_isolated(cases[i].cluster, cases[i].runs, fold, false);
+      ASSERT_EQ(sampled.size(), every.size());
+      for (size_t r = 0; r < every.size(); ++r) {
+        EXPECT_GT(every[r].time_s, 0);
+        EXPECT_NEAR(sampled[r].time_s, every[r].time_s, kTol * every[r].time_s);
+      }
+    }
+}
+
 }  // namespace
 }  // namespace dtsim::collectives
