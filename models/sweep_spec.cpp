@@ -243,12 +243,14 @@ LayoutSpace parse_space(const YAML::Node& node, const std::string& path, Problem
   s.dp.is_auto = true;
   s.cp.values = {1};
   s.vp.values = {1};
+  s.ep.values = {1};
+  s.etp.values = {0};
   s.zero_stages = {0};
   s.recompute = {Recompute::none};
   s.sequence_parallel = {false};
   if (!check_keys(node, path,
-                  {"tp", "cp", "pp", "vp", "dp", "zero_stage", "micro_batch", "recompute", "sequence_parallel",
-                   "schedule"},
+                  {"tp", "cp", "pp", "vp", "dp", "ep", "etp", "zero_stage", "micro_batch", "recompute",
+                   "sequence_parallel", "schedule"},
                   p))
     return s;
   auto key = [&](const char* k) { return path + "." + k; };
@@ -259,6 +261,8 @@ LayoutSpace parse_space(const YAML::Node& node, const std::string& path, Problem
   if (node["cp"]) s.cp = parse_int_choice(node["cp"], key("cp"), p, true, 1);
   if (node["vp"]) s.vp = parse_int_choice(node["vp"], key("vp"), p, true, 1);
   if (node["dp"]) s.dp = parse_int_choice(node["dp"], key("dp"), p, true, 1);
+  if (node["ep"]) s.ep = parse_int_choice(node["ep"], key("ep"), p, true, 1);
+  if (node["etp"]) s.etp = parse_int_choice(node["etp"], key("etp"), p, true, 1);
   if (node["micro_batch"]) s.micro_batch = parse_int_choice(node["micro_batch"], key("micro_batch"), p, true, 1);
   if (node["zero_stage"]) {
     const IntChoice z = parse_int_choice(node["zero_stage"], key("zero_stage"), p, true, 0);
@@ -387,6 +391,19 @@ std::vector<int64_t> resolve_pp(const LayoutSpace& s, const Experiment& base) {
   for (int64_t d = 1; d <= base.model.layers; ++d)
     if (base.model.layers % d == 0 && d <= base.cluster.gpus()) v.push_back(d);
   return v;
+}
+std::vector<int64_t> resolve_ep(const LayoutSpace& s, const Experiment& base) {
+  if (!s.ep.is_auto) return s.ep.values;
+  std::vector<int64_t> v;
+  const int64_t experts = base.model.moe.enabled() ? base.model.moe.num_experts : 1;
+  for (int64_t d = 1; d <= experts && d <= base.cluster.gpus(); ++d)
+    if (experts % d == 0) v.push_back(d);
+  return v;
+}
+std::vector<int64_t> resolve_etp(const LayoutSpace& s, const Experiment& base, int64_t tp) {
+  if (s.etp.is_auto) return powers_of_two_up_to(base.cluster.gpus_per_node);
+  if (s.etp.values == std::vector<int64_t>{0}) return {tp};
+  return s.etp.values;
 }
 std::vector<int64_t> resolve_vp(const LayoutSpace& s, const Experiment& base, int64_t pp) {
   if (!s.vp.is_auto) return s.vp.values;

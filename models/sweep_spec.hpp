@@ -18,6 +18,10 @@
 //             (geometric):
 //               tp, cp:  auto = powers of two up to GPUs per node (keep TP and CP inside the
 //                        NVLink domain, ../shared/design/MATH.md Sec 5)
+//               ep:      expert parallel size (MoE models); auto = every divisor of
+//                        model.moe.num_experts up to the GPUs (1 for a dense model)
+//               etp:     expert tensor parallel size; auto = powers of two up to GPUs per
+//                        node; missing: etp = tp (Megatron-Core's default)
 //               pp:      auto = every divisor of model.layers
 //               vp:      auto = 1, 2, 3, 4 where pp > 1 and pp*vp divides model.layers
 //                        (Korthikanti 2022 Sec 6 runs 175B/530B with 3 virtual stages)
@@ -28,7 +32,7 @@
 //                        auto = every registered one; missing: interleaved where vp > 1,
 //                        else 1f1b. A schedule whose constraints a point breaks (e.g.
 //                        dualpipe with an odd pp) makes that point invalid with the reason.
-//             Missing keys: dp auto, cp 1, vp 1, zero_stage 0, sequence_parallel false,
+//             Missing keys: dp auto, cp 1, vp 1, ep 1, etp = tp, zero_stage 0, sequence_parallel false,
 //             recompute none; tp, pp and micro_batch (unless in training) are required.
 //   layout:   (compare only) a fixed experiment `layout:` section applied to every cluster
 //   rank_by:  step_time (default) | tokens_per_s_per_gpu | cost (USD per million tokens)
@@ -60,6 +64,8 @@ struct IntChoice {
 
 struct LayoutSpace {
   IntChoice tp, cp, pp, vp, dp, micro_batch;
+  /// Expert parallelism (Layout::ep, Layout::etp). etp.values = {0}: etp follows tp.
+  IntChoice ep, etp;
   std::vector<int> zero_stages;          // ascending
   std::vector<Recompute> recompute;      // in file order, unique
   std::vector<bool> sequence_parallel;   // in file order, unique
@@ -105,6 +111,9 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
 std::vector<int64_t> resolve_tp(const LayoutSpace& s, const Experiment& base);
 std::vector<int64_t> resolve_cp(const LayoutSpace& s, const Experiment& base);
 std::vector<int64_t> resolve_pp(const LayoutSpace& s, const Experiment& base);
+std::vector<int64_t> resolve_ep(const LayoutSpace& s, const Experiment& base);
+/// The etp values of a point with tensor parallel size `tp` (etp missing: {tp}).
+std::vector<int64_t> resolve_etp(const LayoutSpace& s, const Experiment& base, int64_t tp);
 std::vector<int64_t> resolve_vp(const LayoutSpace& s, const Experiment& base, int64_t pp);
 std::vector<int64_t> resolve_micro_batch(const LayoutSpace& s, const std::optional<int64_t>& training_mb);
 
@@ -125,7 +134,7 @@ struct SweepRow {
   std::string reason;
   double step_time_s = 0, tokens_per_s = 0, tokens_per_s_per_gpu = 0, mfu = 0, tflops_per_gpu = 0;
   double compute_s = 0, bubble_s = 0, optimizer_s = 0;
-  double exposed_tp_s = 0, exposed_cp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+  double exposed_tp_s = 0, exposed_cp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0, exposed_ep_s = 0;
   double peak_memory_bytes = 0, capacity_bytes = 0;
   double usd_per_step = 0, usd_per_mtoken = 0;  // 0 without a price
   bool valid() const { return status == "ok"; }

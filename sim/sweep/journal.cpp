@@ -68,6 +68,8 @@ nlohmann::json to_json(const SweepRow& r) {
   j["cp"] = r.layout.cp;
   j["pp"] = r.layout.pp;
   j["vp"] = r.layout.vp;
+  j["ep"] = r.layout.ep;
+  j["etp"] = r.layout.etp;
   j["schedule"] = to_string(r.layout.schedule);
   j["zero_stage"] = r.layout.zero_stage;
   j["micro_batch"] = r.micro_batch;
@@ -88,6 +90,7 @@ nlohmann::json to_json(const SweepRow& r) {
   j["exposed_cp_s"] = r.exposed_cp_s;
   j["exposed_pp_s"] = r.exposed_pp_s;
   j["exposed_dp_s"] = r.exposed_dp_s;
+  j["exposed_ep_s"] = r.exposed_ep_s;
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["capacity_bytes"] = r.capacity_bytes;
   j["usd_per_step"] = r.usd_per_step;
@@ -110,6 +113,8 @@ SweepRow row_from_json(const nlohmann::json& j) {
     r.layout.cp = j.at("cp").get<int64_t>();
     r.layout.pp = j.at("pp").get<int64_t>();
     r.layout.vp = j.at("vp").get<int64_t>();
+    r.layout.ep = j.at("ep").get<int64_t>();
+    r.layout.etp = j.at("etp").get<int64_t>();
     r.layout.schedule = schedule_of(j.at("schedule").get<std::string>());
     r.layout.zero_stage = j.at("zero_stage").get<int>();
     r.micro_batch = j.at("micro_batch").get<int64_t>();
@@ -130,6 +135,7 @@ SweepRow row_from_json(const nlohmann::json& j) {
     r.exposed_cp_s = j.at("exposed_cp_s").get<double>();
     r.exposed_pp_s = j.at("exposed_pp_s").get<double>();
     r.exposed_dp_s = j.at("exposed_dp_s").get<double>();
+    r.exposed_ep_s = j.at("exposed_ep_s").get<double>();
     r.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
     r.capacity_bytes = j.at("capacity_bytes").get<double>();
     r.usd_per_step = j.at("usd_per_step").get<double>();

@@ -29,6 +29,8 @@ std::string layout_label(const Layout& l, int64_t mb) {
   std::string s = (l.dp > 0 ? fmt::format("DP{}", l.dp) : std::string("DP?")) +
                   fmt::format(" TP{} CP{} PP{}", l.tp, l.cp, l.pp);
   if (l.vp > 1) s += fmt::format(" VP{}", l.vp);
+  if (l.ep > 1) s += fmt::format(" EP{}", l.ep);
+  if (l.ep > 1 && l.expert_tp() != l.tp) s += fmt::format(" ETP{}", l.expert_tp());
   if (l.schedule == Schedule::gpipe) s += " GPipe";
   else if (l.schedule != Schedule::one_f_one_b && l.schedule != Schedule::interleaved) s += std::string(" ") + to_string(l.schedule);
   s += fmt::format(" ZeRO-{}", l.zero_stage);
@@ -156,13 +158,13 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   ReportTable top;
   top.caption = fmt::format("Best layouts (top {} of {})", std::min<size_t>(ranked.size(), 25), ranked.size());
   top.columns = {"#", "cluster", "layout", "engine", "step time", "analytic", "tokens/s/GPU", "MFU", "TP exp", "CP exp",
-                 "PP exp", "DP exp", "bubble", "peak GiB", "USD/Mtok"};
+                 "PP exp", "DP exp", "EP exp", "bubble", "peak GiB", "USD/Mtok"};
   for (size_t i = 0; i < ranked.size() && i < 25; ++i) {
     const SweepRow& x = ranked[i];
     top.rows.push_back({std::to_string(i + 1), x.cluster_label, layout_label(x.layout, x.micro_batch), x.engine,
                         secs(x.step_time_s), secs(an_step[i]), fmt::format("{:.0f}", x.tokens_per_s_per_gpu),
                         fmt::format("{:.1f}%", x.mfu * 100), secs(x.exposed_tp_s), secs(x.exposed_cp_s),
-                        secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.bubble_s),
+                        secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.exposed_ep_s), secs(x.bubble_s),
                         fmt::format("{:.1f}", x.peak_memory_bytes / kGiB),
                         x.usd_per_mtoken > 0 ? fmt::format("{:.3f}", x.usd_per_mtoken) : "-"});
   }
@@ -216,11 +218,11 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   StackedBarChart br;
   br.title = "Step time breakdown of the best layouts";
   br.y_label = "seconds per step";
-  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed"};
+  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed", "EP exposed"};
   for (size_t i = 0; i < ranked.size() && i < 10; ++i) {
     const SweepRow& x = ranked[i];
     br.bars.push_back(fmt::format("#{}", i + 1));
-    br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s});
+    br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s, x.exposed_ep_s});
   }
   r.bars.push_back(br);
 

@@ -158,7 +158,8 @@ ReportTable compare_table(const std::vector<StudyEntry>& entries) {
   ReportTable t;
   t.caption = "Clusters side by side (differences against the first)";
   t.columns = {"cluster", "GPUs", "layout", "step time", "analytic", "tokens/s/GPU", "MFU", "TP exposed", "CP exposed",
-               "PP exposed", "DP exposed", "bubble", "peak GiB", "fits", "USD/step", "step vs first", "cost vs first"};
+               "PP exposed", "DP exposed", "EP exposed", "bubble", "peak GiB", "fits", "USD/step", "step vs first",
+               "cost vs first"};
   const StudyEntry* base = nullptr;
   for (const auto& e : entries)
     if (e.ok) {
@@ -167,14 +168,14 @@ ReportTable compare_table(const std::vector<StudyEntry>& entries) {
     }
   for (const auto& e : entries) {
     if (!e.ok) {
-      t.rows.push_back({e.label, "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", e.reason});
+      t.rows.push_back({e.label, "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", e.reason});
       continue;
     }
     const SweepRow& x = e.chosen;
     t.rows.push_back({e.label, std::to_string(x.gpus), layout_label(x.layout, x.micro_batch), secs(x.step_time_s),
                       secs(e.analytic.step_time_s), fmt::format("{:.0f}", x.tokens_per_s_per_gpu),
                       fmt::format("{:.1f}%", x.mfu * 100), secs(x.exposed_tp_s), secs(x.exposed_cp_s),
-                      secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.bubble_s),
+                      secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.exposed_ep_s), secs(x.bubble_s),
                       fmt::format("{:.1f}", x.peak_memory_bytes / kGiB), x.status == "oom" ? "no" : "yes",
                       x.usd_per_step > 0 ? fmt::format("{:.2f}", x.usd_per_step) : "-",
                       base ? pct(x.step_time_s, base->chosen.step_time_s) : "-",
@@ -214,7 +215,7 @@ ReportData compare_report(const SweepSpec& spec, const std::vector<StudyEntry>& 
   StackedBarChart br;
   br.title = "Step time breakdown per cluster";
   br.y_label = "seconds per step";
-  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed"};
+  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed", "EP exposed"};
   StackedBarChart mem;
   mem.title = "Memory per GPU, largest stage, per cluster";
   mem.y_label = "GiB per GPU";
@@ -228,7 +229,7 @@ ReportData compare_report(const SweepSpec& spec, const std::vector<StudyEntry>& 
     par.points.push_back(cp);
     all.push_back(cp);
     br.bars.push_back(e.label);
-    br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s});
+    br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s, x.exposed_ep_s});
     const MemoryBreakdown* peak = nullptr;
     for (const auto& st : e.result.stages)
       if (!peak || st.memory.peak_bytes > peak->peak_bytes) peak = &st.memory;
@@ -429,7 +430,7 @@ ReportData plan_report(const PlanSpec& spec, const PlanOutcome& o) {
   StackedBarChart br;
   br.title = "Step time breakdown per option";
   br.y_label = "seconds per step";
-  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed"};
+  br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed", "EP exposed"};
   std::vector<ChartPoint> all;
   const int64_t chosen_cand = o.chosen >= 0 ? o.options[static_cast<size_t>(o.chosen)].candidate : -1;
   for (size_t i = 0; i < o.options.size(); ++i) {
@@ -445,7 +446,7 @@ ReportData plan_report(const PlanSpec& spec, const PlanOutcome& o) {
     par.points.push_back(cp);
     all.push_back(cp);
     br.bars.push_back(label);
-    br.values.push_back({c.compute_s, c.bubble_s, c.exposed_tp_s, c.exposed_cp_s, c.exposed_pp_s, c.exposed_dp_s});
+    br.values.push_back({c.compute_s, c.bubble_s, c.exposed_tp_s, c.exposed_cp_s, c.exposed_pp_s, c.exposed_dp_s, c.exposed_ep_s});
   }
   par.line = pareto_front(all);
   r.scatters.push_back(thr);

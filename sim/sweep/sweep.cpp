@@ -38,7 +38,10 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
       std::optional<int64_t> pp_vp = 0;
       for (int64_t pp : resolve_pp(s, cc.base))
         pp_vp = pp_vp ? checked::add(*pp_vp, n(resolve_vp(s, cc.base, pp).size())) : pp_vp;
+      // etp: as many values for every tp (missing: one, = tp).
+      const int64_t etps = s.etp.is_auto ? n(resolve_etp(s, cc.base, 1).size()) : n(s.etp.values.size());
       const auto per = pp_vp ? checked::product({n(resolve_tp(s, cc.base).size()), n(resolve_cp(s, cc.base).size()),
+                                                 n(resolve_ep(s, cc.base).size()), etps,
                                                  *pp_vp, s.dp.is_auto ? 1 : n(s.dp.values.size()),
                                                  n(s.zero_stages.size()), n(mbs.size()), n(s.recompute.size()),
                                                  n(s.sequence_parallel.size()),
@@ -49,7 +52,7 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
     if (!total || *total > limits::kMaxSweepLayouts)
       throw InputError(spec.source + ": space gives " +
                        (total ? checked::with_commas(*total) : std::string("more than 2^63")) +
-                       " layouts (clusters x tp x cp x pp x vp x dp x zero_stage x micro_batch x recompute x "
+                       " layouts (clusters x tp x cp x ep x etp x pp x vp x dp x zero_stage x micro_batch x recompute x "
                        "sequence_parallel x schedule): more than the " + checked::with_commas(limits::kMaxSweepLayouts) +
                        "-layout limit (each layout is kept with its result and evaluated); narrow the space");
   }
@@ -57,8 +60,11 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
   for (size_t ci = 0; ci < spec.clusters.size(); ++ci) {
     const Experiment& base = spec.clusters[ci].base;
     const int64_t gpus = base.cluster.gpus();
+    const std::vector<int64_t> eps = resolve_ep(s, base);
     for (int64_t tp : resolve_tp(s, base))
       for (int64_t cp : resolve_cp(s, base))
+        for (int64_t ep : eps)
+        for (int64_t etp : resolve_etp(s, base, tp))
         for (int64_t pp : resolve_pp(s, base))
           for (int64_t vp : resolve_vp(s, base, pp)) {
             std::vector<int64_t> dps;
@@ -88,6 +94,8 @@ std::vector<LayoutPoint> enumerate_layouts(const SweepSpec& spec) {
                       p.layout.cp = cp;
                       p.layout.pp = pp;
                       p.layout.vp = vp;
+                      p.layout.ep = ep;
+                      p.layout.etp = etp;
                       p.layout.schedule = !s.schedules.empty() ? s.schedules[si]
                                           : vp > 1           ? Schedule::interleaved
                                                              : Schedule::one_f_one_b;
@@ -183,6 +191,7 @@ SweepRow Evaluator::analytic(const LayoutPoint& p) {
   row.exposed_cp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::CP)];
   row.exposed_pp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::PP)];
   row.exposed_dp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::DP)];
+  row.exposed_ep_s = est.comm_exposed_s[static_cast<size_t>(CommKind::EP)];
   row.peak_memory_bytes = est.peak_memory_bytes;
   row.capacity_bytes = est.capacity_bytes;
   if (est.fits) {
@@ -216,6 +225,7 @@ SweepRow Evaluator::from_result(const LayoutPoint& p, const StepResult& r, const
   row.exposed_cp_s = exposed("CP");
   row.exposed_pp_s = exposed("PP");
   row.exposed_dp_s = exposed("DP");
+  row.exposed_ep_s = exposed("EP");
   double peak = 0, cap = 0;
   for (const auto& st : r.stages) {
     peak = std::max(peak, st.memory.peak_bytes);

@@ -4,7 +4,11 @@
 //     experiments/sweeps/llama3-70b-1024-h100.yaml, per-shape costs already cached as in a
 //     sweep; BM_AnalyticSweepRow: validation + estimate + row, what the sweep pays per point);
 //   - the whole sweep of that file (>= 2,000 valid layouts, SimGrid on the best 20, 2 jobs)
-//     within 2 minutes on 2 cores (BM_Sweep70B1024, one iteration, real time).
+//     within 2 minutes on 2 cores (BM_Sweep70B1024, one iteration, real time);
+//   - MoE (issue 16): the ep x etp x tp x pp sweep of DeepSeek-V3 on 2,048 GPUs
+//     (experiments/sweeps/deepseek-v3-2048-h100.yaml) at >= 50,000 layouts/s in the analytic
+//     engine (BM_AnalyticEstimateDeepSeekV3 on its valid layouts, BM_AnalyticSweepRowDeepSeekV3
+//     on every point, invalid ones included).
 // Run: build/tests/dtsim_benchmarks --benchmark_filter=Analytic|Sweep
 #include <benchmark/benchmark.h>
 #include <stdlib.h>
@@ -25,24 +29,32 @@ using namespace dtsim;
 
 const std::string kSweep = std::string(DTSIM_SOURCE_DIR) + "/experiments/sweeps/llama3-70b-1024-h100.yaml";
 
+const std::string kMoeSweep = std::string(DTSIM_SOURCE_DIR) + "/experiments/sweeps/deepseek-v3-2048-h100.yaml";
+
 struct Fixture {
-  SweepSpec spec = load_sweep_spec(kSweep, SpecKind::sweep);
-  std::vector<sweep::LayoutPoint> points = sweep::enumerate_layouts(spec);
+  explicit Fixture(const std::string& file = kSweep);
+  SweepSpec spec;
+  std::vector<sweep::LayoutPoint> points;
   std::vector<sweep::LayoutPoint> valid;
-  Fixture() {
-    sweep::Evaluator ev(spec);
-    for (const auto& p : points)
-      if (ev.analytic(p).valid()) valid.push_back(p);
-  }
 };
+
+Fixture::Fixture(const std::string& file)
+    : spec(load_sweep_spec(file, SpecKind::sweep)), points(sweep::enumerate_layouts(spec)) {
+  sweep::Evaluator ev(spec);
+  for (const auto& p : points)
+    if (ev.analytic(p).valid()) valid.push_back(p);
+}
 
 const Fixture& fixture() {
   static const Fixture f;
   return f;
 }
+const Fixture& moe_fixture() {
+  static const Fixture f(kMoeSweep);
+  return f;
+}
 
-void BM_AnalyticEstimate(benchmark::State& state) {
-  const Fixture& f = fixture();
+void analytic_estimate(benchmark::State& state, const Fixture& f) {
   AnalyticEngine eng(f.spec.clusters[0].base);
   for (const auto& p : f.valid) eng.estimate(p.layout, p.micro_batch);  // warm the shape cache
   size_t i = 0;
@@ -53,10 +65,12 @@ void BM_AnalyticEstimate(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.counters["valid_layouts"] = static_cast<double>(f.valid.size());
 }
+void BM_AnalyticEstimate(benchmark::State& state) { analytic_estimate(state, fixture()); }
+void BM_AnalyticEstimateDeepSeekV3(benchmark::State& state) { analytic_estimate(state, moe_fixture()); }
 BENCHMARK(BM_AnalyticEstimate);
+BENCHMARK(BM_AnalyticEstimateDeepSeekV3);
 
-void BM_AnalyticSweepRow(benchmark::State& state) {
-  const Fixture& f = fixture();
+void analytic_sweep_row(benchmark::State& state, const Fixture& f) {
   sweep::Evaluator ev(f.spec);
   for (const auto& p : f.points) ev.analytic(p);
   size_t i = 0;
@@ -67,7 +81,10 @@ void BM_AnalyticSweepRow(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.counters["points"] = static_cast<double>(f.points.size());
 }
+void BM_AnalyticSweepRow(benchmark::State& state) { analytic_sweep_row(state, fixture()); }
+void BM_AnalyticSweepRowDeepSeekV3(benchmark::State& state) { analytic_sweep_row(state, moe_fixture()); }
 BENCHMARK(BM_AnalyticSweepRow);
+BENCHMARK(BM_AnalyticSweepRowDeepSeekV3);
 
 void BM_Sweep70B1024(benchmark::State& state) {
   const Fixture& f = fixture();

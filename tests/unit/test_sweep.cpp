@@ -173,6 +173,58 @@ TEST(SweepEnumerate, EveryPointKeptWithItsReason) {
   EXPECT_GT(duplicates, 0);
 }
 
+// ep and etp are space dimensions (issue 16): ep auto = the divisors of the expert count, etp
+// missing = tp; a folding that does not divide is an invalid point naming the constraint;
+// the journal keeps ep/etp and the exposed EP time.
+TEST(SweepEnumerate, ExpertParallelDimensions) {
+  const std::string moe_model =
+      "model: {name: m, layers: 4, hidden: 1024, heads: 16, kv_heads: 16, ffn_hidden: 4096, activation: swiglu,\n"
+      "        vocab: 8192, tied_embeddings: false, norm: rmsnorm, position: rope,\n"
+      "        moe: {num_experts: 8, router_topk: 2, moe_ffn_hidden: 1024}}\n";
+  const std::string text = moe_model + kTraining +
+                           "clusters: [{node: dgx-h100, nodes: 2}]\n"
+                           "space: {tp: [1, 2], pp: 1, ep: auto, micro_batch: 1, sequence_parallel: true}\n";
+  const SweepSpec s = parse_sweep_spec(text, "moe.yaml", SpecKind::sweep);
+  EXPECT_EQ(resolve_ep(s.space, s.clusters[0].base), (std::vector<int64_t>{1, 2, 4, 8}));
+  const auto pts = sweep::enumerate_layouts(s);
+  ASSERT_EQ(pts.size(), 2u * 4);  // tp x ep (etp = tp)
+  sweep::Evaluator ev(s);
+  int ok = 0;
+  for (const auto& p : pts) {
+    EXPECT_EQ(p.layout.etp, p.layout.tp);
+    const SweepRow r = ev.analytic(p);
+    if (!r.valid()) {
+      ADD_FAILURE() << "ep " << p.layout.ep << " tp " << p.layout.tp << ": " << r.reason;
+      continue;
+    }
+    ++ok;
+    // EP time: the dispatch/combine AllToAlls (ep > 1) and the ETP collectives (etp > 1).
+    EXPECT_EQ(p.layout.ep > 1 || p.layout.etp > 1, r.exposed_ep_s > 0) << "ep " << p.layout.ep;
+    const SweepRow back = sweep::row_from_json(sweep::to_json(r));
+    EXPECT_EQ(back.layout.ep, p.layout.ep);
+    EXPECT_EQ(back.layout.etp, p.layout.etp);
+    EXPECT_EQ(back.exposed_ep_s, r.exposed_ep_s);
+  }
+  EXPECT_EQ(ok, 8);
+  // etp explicit; ep 3 does not divide the 8 experts: invalid with the constraint named.
+  const SweepSpec s2 = parse_sweep_spec(
+      moe_model + kTraining + "clusters: [{node: dgx-h100, nodes: 2}]\n"
+      "space: {tp: 2, pp: 1, ep: [3, 4], etp: [1, 2], micro_batch: 1, sequence_parallel: true}\n",
+      "moe.yaml", SpecKind::sweep);
+  const auto pts2 = sweep::enumerate_layouts(s2);
+  ASSERT_EQ(pts2.size(), 4u);
+  sweep::Evaluator ev2(s2);
+  for (const auto& p : pts2) {
+    const SweepRow r = ev2.analytic(p);
+    if (p.layout.ep == 3) {
+      EXPECT_EQ(r.status, "invalid");
+      EXPECT_NE(r.reason.find("ep"), std::string::npos) << r.reason;
+    } else {
+      EXPECT_TRUE(r.valid()) << r.reason;
+    }
+  }
+}
+
 // ---- journal: kill, resume, shards ----
 
 sweep::RunOptions quiet(const fs::path& out) {
