@@ -51,8 +51,15 @@ double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s) {
   return 2.0 * d(b) * d(s) * d(m.hidden) * d(m.vocab);
 }
 
+// Every layer of a model without experts or windows is of one kind: layer 0's (MLA or not).
+static std::array<int64_t, blocks::kLayerKinds> all_of_one_kind(const ModelSpec& m, int64_t layers) {
+  std::array<int64_t, blocks::kLayerKinds> n{};
+  n[static_cast<size_t>(blocks::layer_kind(m, 0))] = layers;
+  return n;
+}
+
 std::array<int64_t, blocks::kLayerKinds> model_layer_kinds(const ModelSpec& m) {
-  if (!m.moe.enabled() && m.attention.window <= 0) return {m.layers, 0, 0, 0};
+  if (!m.moe.enabled() && m.attention.window <= 0) return all_of_one_kind(m, m.layers);
   return blocks::layer_kind_counts(m, 0, m.layers);
 }
 
@@ -226,7 +233,7 @@ int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
 
 std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, const Layout& l, int64_t stage) {
   const RankSplit rs = checked_rank_split(m, l, stage);
-  if (!m.moe.enabled() && m.attention.window <= 0) return {rs.layers, 0, 0, 0};
+  if (!m.moe.enabled() && m.attention.window <= 0) return all_of_one_kind(m, rs.layers);
   std::array<int64_t, blocks::kLayerKinds> n{};
   for (int64_t c = 0; c < chunks_of(l); ++c) {
     const VirtualStage vs = virtual_stage(m.layers, l, virtual_stage_of(l, stage, c));

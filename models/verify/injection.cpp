@@ -24,6 +24,7 @@ const char* to_string(Injection i) {
     case Injection::drop_w: return "drop-w";
     case Injection::ep_grad_avg_over_ep: return "ep-grad-avg-over-ep";
     case Injection::moe_combine_unweighted: return "moe-combine-unweighted";
+    case Injection::mla_down_grad_unreduced: return "mla-down-grad-unreduced";
   }
   return "?";
 }
@@ -32,7 +33,8 @@ std::vector<Injection> all_injections() {
   return {Injection::tp_grad_avg,       Injection::dp_local_mean,   Injection::cp_loss_scale,
           Injection::adam_before_sync,  Injection::dp_grad_sum,     Injection::cp_causal_local,
           Injection::zero_skip_param_gather, Injection::pp_microbatch_swap, Injection::w_before_b,
-          Injection::drop_w, Injection::ep_grad_avg_over_ep, Injection::moe_combine_unweighted};
+          Injection::drop_w, Injection::ep_grad_avg_over_ep, Injection::moe_combine_unweighted,
+          Injection::mla_down_grad_unreduced};
 }
 
 Injection parse_injection(const std::string& name) {
@@ -71,6 +73,13 @@ std::string injection_inapplicable(Injection inj, const Experiment& e) {
                  ? ""
                  : "needs a mixture-of-experts model with layout.ep > 1 and an EDP reduction (edp = dp tp cp / (etp ep) > 1)";
     case Injection::moe_combine_unweighted: return e.model.moe.enabled() ? "" : "needs a mixture-of-experts model";
+    case Injection::mla_down_grad_unreduced:
+      // Only sequence parallelism makes those gradients TP partial sums (models/verify/ops_mla.cpp):
+      // without it every TP rank computes them completely and nothing sums them.
+      return e.model.mla.enabled() && l.tp > 1 && l.sequence_parallel
+                 ? ""
+                 : "needs multi-head latent attention (model.mla) with layout.tp > 1 and sequence_parallel (only then "
+                   "are the down-projection and latent-norm gradients TP partial sums)";
   }
   return "";
 }

@@ -163,8 +163,24 @@ void Interpreter::Impl::build_params(RankState& R) {
   for (const int l : stage_layers[sz(R.stage)]) {
     add_param(R, LK::ln1_w, l, 1, h, false, full(PKind::ln1_w, l));
     if (M.layernorm) add_param(R, LK::ln1_b, l, 1, h, false, full(PKind::ln1_b, l));
-    const PSeg wq = M.seg(PKind::wq, l), wk = M.seg(PKind::wk, l), wv = M.seg(PKind::wv, l);
     const int64_t qc = al * d, kc = gl * d;
+    if (M.mla) {
+      // MLA (models/verify/ops_mla.cpp): replicated down projections and latent norms; the up
+      // projections column-parallel by head (rank r: heads [r al, (r+1) al)).
+      if (M.dq > 0) {
+        add_param(R, LK::q_down_w, l, h, M.dq, false, full(PKind::mla_dq, l));
+        add_param(R, LK::q_norm_w, l, 1, M.dq, false, full(PKind::mla_qnorm, l));
+      }
+      const PSeg uq = M.seg(PKind::mla_uq, l), ukv = M.seg(PKind::mla_ukv, l);
+      const int64_t kvc = al * (M.dn + M.dv);
+      add_param(R, LK::q_up_w, l, M.q_in, qc, true,
+                [=](int64_t i, int64_t j) { return uq.offset + i * uq.cols + r * qc + j; });
+      add_param(R, LK::kv_down_w, l, h, M.dc + M.dr, false, full(PKind::mla_dkv, l));
+      add_param(R, LK::kv_norm_w, l, 1, M.dc, false, full(PKind::mla_kvnorm, l));
+      add_param(R, LK::kv_up_w, l, M.dc, kvc, true,
+                [=](int64_t i, int64_t j) { return ukv.offset + i * ukv.cols + r * kvc + j; });
+    } else {
+    const PSeg wq = M.seg(PKind::wq, l), wk = M.seg(PKind::wk, l), wv = M.seg(PKind::wv, l);
     // Megatron's column-parallel QKV: this rank's query heads, then its key and value heads.
     auto qkv_col = [=, this](const PSeg& q, const PSeg& k, const PSeg& v, int64_t i, int64_t j) {
       if (j < qc) return q.offset + i * q.cols + r * qc + j;
@@ -175,6 +191,7 @@ void Interpreter::Impl::build_params(RankState& R) {
     if (M.bias) {
       const PSeg bq = M.seg(PKind::bq, l), bk = M.seg(PKind::bk, l), bv = M.seg(PKind::bv, l);
       add_param(R, LK::qkv_b, l, 1, qc + 2 * kc, true, [=](int64_t i, int64_t j) { return qkv_col(bq, bk, bv, i, j); });
+    }
     }
     const PSeg wo = M.seg(PKind::wo, l);
     add_param(R, LK::out_w, l, qc, h, true, [=, this](int64_t i, int64_t j) { return wo.offset + (r * qc + i) * h + j; });
@@ -443,7 +460,8 @@ namespace {
 /// Weight-gradient ops that read a (layer, micro-batch)'s kept tensors.
 bool reads_frame_w(Fn f) {
   return f == Fn::lm_head_wgrad || f == Fn::mlp_down_wgrad || f == Fn::mlp_up_wgrad || f == Fn::out_proj_wgrad ||
-         f == Fn::qkv_wgrad;
+         f == Fn::qkv_wgrad || f == Fn::q_up_wgrad || f == Fn::kv_up_wgrad || f == Fn::q_down_wgrad ||
+         f == Fn::kv_down_wgrad;
 }
 }  // namespace
 
@@ -565,7 +583,8 @@ void Interpreter::Impl::drop_layer(Lane& L, int layer, int mb, bool keep_input) 
 void Interpreter::Impl::keep_for_w(Lane& L, int layer, int mb) {
   static constexpr Slot kKeep[] = {Slot::n1, Slot::re1, Slot::n2, Slot::re2, Slot::nf, Slot::ref, Slot::ctx,
                                    Slot::act, Slot::d_branch, Slot::d_mlp, Slot::du, Slot::dg, Slot::dqkv,
-                                   Slot::dlogits};
+                                   Slot::dlogits, Slot::mla_lat, Slot::mla_lat_all, Slot::mla_re_lat,
+                                   Slot::mla_dq, Slot::mla_dkv, Slot::mla_dql, Slot::mla_dkvd};
   for (int s = 0; s < kSlots; ++s)
     if (std::find(std::begin(kKeep), std::end(kKeep), static_cast<Slot>(s)) == std::end(kKeep))
       drop(L, layer, mb, static_cast<Slot>(s));
@@ -617,6 +636,12 @@ std::vector<LK> Interpreter::Impl::static_writes(Fn fn, int ordinal, int stage) 
     case Fn::router_wgrad: add(LK::router_w); break;
     case Fn::expert_down_wgrad: add(LK::edown_w); break;
     case Fn::expert_up_wgrad: add(LK::eup_w); add(LK::egate_w); break;
+    case Fn::q_up_wgrad: add(LK::q_up_w); break;
+    case Fn::kv_up_wgrad: add(LK::kv_up_w); break;
+    case Fn::kv_norm_bwd: add(LK::kv_norm_w); break;
+    case Fn::q_norm_bwd: add(LK::q_norm_w); break;
+    case Fn::kv_down_wgrad: add(LK::kv_down_w); break;
+    case Fn::q_down_wgrad: add(LK::q_down_w); break;
     default: break;
   }
   return w;
@@ -691,10 +716,32 @@ void Interpreter::Impl::compute(Lane& L, Fn fn, const Op& op) {
         }
       }
     }
+  if (M.mla && (fn == Fn::rope || fn == Fn::rope_bwd)) {  // MLA's rotary parts (ops_mla.cpp)
+    mla_op(L, fn, op);
+    return;
+  }
   switch (fn) {
     case Fn::embedding:
     case Fn::embedding_bwd:
       embedding_op(L, fn, op);
+      return;
+    case Fn::q_down:
+    case Fn::q_norm:
+    case Fn::kv_down:
+    case Fn::kv_norm:
+    case Fn::q_up:
+    case Fn::kv_up:
+    case Fn::q_up_dgrad:
+    case Fn::kv_up_dgrad:
+    case Fn::q_up_wgrad:
+    case Fn::kv_up_wgrad:
+    case Fn::kv_norm_bwd:
+    case Fn::kv_down_dgrad:
+    case Fn::q_norm_bwd:
+    case Fn::q_down_dgrad:
+    case Fn::kv_down_wgrad:
+    case Fn::q_down_wgrad:
+      mla_op(L, fn, op);
       return;
     case Fn::input_norm:
     case Fn::post_attention_norm:

@@ -65,7 +65,13 @@ enum class LK { word, pos, ln1_w, ln1_b, qkv_w, qkv_b, out_w, out_b, ln2_w, ln2_
                 // 1 / etp column shard: up / gate (E/ep h) x (fe/etp), down (E/ep fe/etp) x h
                 // (models/verify/ops_moe.cpp). A MoE layer's shared expert is its up_w / gate_w /
                 // down_w (shared_* ops run as the mlp_* ones).
-                router_w, eup_w, egate_w, edown_w };
+                router_w, eup_w, egate_w, edown_w,
+                // Multi-head latent attention layers (models/verify/ops_mla.cpp), in place of
+                // qkv_w: the replicated down projections and latent norms (q_down_w h x dq,
+                // q_norm_w 1 x dq, kv_down_w h x (dc + dr), kv_norm_w 1 x dc) and this rank's
+                // heads of the column-parallel up projections (q_up_w q_in x al hd, kv_up_w
+                // dc x al (dn + dv)); out_proj is out_w.
+                q_down_w, q_norm_w, q_up_w, kv_down_w, kv_norm_w, kv_up_w };
 
 inline const char* lk_name(LK k) {
   switch (k) {
@@ -91,16 +97,27 @@ inline const char* lk_name(LK k) {
     case LK::eup_w: return "moe.experts.up.weight";
     case LK::egate_w: return "moe.experts.gate.weight";
     case LK::edown_w: return "moe.experts.down.weight";
+    case LK::q_down_w: return "mla.q_down.weight";
+    case LK::q_norm_w: return "mla.q_norm.weight";
+    case LK::q_up_w: return "mla.q_up.weight";
+    case LK::kv_down_w: return "mla.kv_down.weight";
+    case LK::kv_norm_w: return "mla.kv_norm.weight";
+    case LK::kv_up_w: return "mla.kv_up.weight";
   }
   return "?";
 }
 
+/// MLA's parameters replicated over TP (the down projections and the latent norms,
+/// models/verify/ops_mla.cpp): with sequence parallelism TP partial sums like the norms.
+inline bool mla_replicated(LK k) {
+  return k == LK::q_down_w || k == LK::q_norm_w || k == LK::kv_down_w || k == LK::kv_norm_w;
+}
 /// Replicated over TP but computed on sequence shards with sequence parallelism: their
 /// gradients are TP partial sums (Megatron all-reduces them over TP:
 /// megatron/core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads).
 inline bool sp_partial_grad(LK k) {
   return k == LK::ln1_w || k == LK::ln1_b || k == LK::ln2_w || k == LK::ln2_b || k == LK::final_w ||
-         k == LK::final_b || k == LK::out_b || k == LK::down_b || k == LK::router_w;
+         k == LK::final_b || k == LK::out_b || k == LK::down_b || k == LK::router_w || mla_replicated(k);
 }
 /// Routed-expert parameters: replicated over the expert-data-parallel group (GroupKind::EDP),
 /// reduced there, not over DPxCP.
@@ -151,7 +168,10 @@ enum class Tag { none, embed_out, stream, norm1, norm2, normf, qkv, ctx, attn_ou
                  // MoE layer with a shared expert: the shared expert's output (the MoE output
                  // once the routed output is added) and its input gradient (d norm2 once the
                  // routed experts' and the router's are added). Not compared by themselves.
-                 shared_out, d_shared };
+                 shared_out, d_shared,
+                 // MLA (models/verify/ops_mla.cpp): the latents [q_in | kv latent | k^R] that
+                 // the up projections read, and their gradient (reduced over TP by the chain).
+                 latent, d_latent };
 
 struct Reg {
   Mat m;
@@ -169,10 +189,15 @@ struct Reg {
 enum class Slot : uint8_t { x_in, res, n1, n2, nf, re1, re2, ref, tmp_in, q, k, v, kv_all, att_m, att_l, att_acc, ctx,
                             lse, probs, u, g, act, logits, ce_a, ce_shift, ce_tgt, ce_z, dlogits, dx_stream, d_branch, dctx,
                             dq, dkv_all, dk, dv, dprobs, du, dg, d_mlp, dqkv,
-                            moe_out, moe_dx };  // MoE: routed output / input gradient waiting for the shared expert's
+                            moe_out, moe_dx,  // MoE: routed output / input gradient waiting for the shared expert's
+                            // MLA (models/verify/ops_mla.cpp): q_down / kv_down outputs, the
+                            // latent norms' outputs, the latents on the down projections' tokens,
+                            // gathered and re-gathered, and their gradients.
+                            mla_ql, mla_kvd, mla_qn, mla_kvn, mla_lat, mla_lat_all, mla_re_lat, mla_dq, mla_dkv,
+                            mla_dlat, mla_dql, mla_dkvd };
 
-constexpr int kSlots = static_cast<int>(Slot::moe_dx) + 1;
-constexpr int kLKs = static_cast<int>(LK::edown_w) + 1;
+constexpr int kSlots = static_cast<int>(Slot::mla_dkvd) + 1;
+constexpr int kLKs = static_cast<int>(LK::kv_up_w) + 1;
 
 /// One rank's tensors of one MoE layer and micro-batch (models/verify/ops_moe.cpp). Copies are
 /// (token, k-slot) pairs; rows of the matrices below follow the list beside them.
@@ -215,7 +240,7 @@ struct Frame {
   std::array<bool, kSlots> has{};   // slot s holds a tensor
   std::array<Mat*, kChunks> chunk{};
   int8_t used = 0;                  // positions given out
-  std::array<NormCache*, 3> norm{};  // input_norm, post_attention_norm, final_norm (null: none)
+  std::array<NormCache*, 5> norm{};  // input_norm, post_attention_norm, final_norm, MLA's q_norm, kv_norm (null: none)
   std::vector<Tag> tape;
   bool live = false;
 
@@ -263,7 +288,15 @@ struct Frame {
     live = false;
   }
 };
-inline int norm_ix(Slot s) { return s == Slot::n1 ? 0 : s == Slot::n2 ? 1 : 2; }
+inline int norm_ix(Slot s) {
+  switch (s) {
+    case Slot::n1: return 0;
+    case Slot::n2: return 1;
+    case Slot::mla_qn: return 3;
+    case Slot::mla_kvn: return 4;
+    default: return 2;
+  }
+}
 
 /// A rank's parameters, gradients, ZeRO state and loss.
 struct RankState {
@@ -323,6 +356,9 @@ enum class Fn {
   router, router_topk, moe_permute, expert_up, expert_gate, expert_swiglu, expert_down, moe_unpermute,
   moe_unpermute_bwd, expert_down_dgrad, expert_down_wgrad, expert_swiglu_bwd, expert_up_dgrad, expert_up_wgrad,
   moe_permute_bwd, router_topk_bwd, router_dgrad, router_wgrad, moe_comm,
+  // MLA (models/verify/ops_mla.cpp; q_up also stands for q_proj when q_lora_rank = 0)
+  q_down, q_norm, kv_down, kv_norm, q_up, kv_up, q_up_dgrad, kv_up_dgrad, q_up_wgrad, kv_up_wgrad, kv_norm_bwd,
+  kv_down_dgrad, q_norm_bwd, q_down_dgrad, kv_down_wgrad, q_down_wgrad,
   // collectives
   chain, ce_reduce, regather, cp_kv, cp_dkv, dp_grad, dp_param_gather, sp_grad_allreduce, embed_grad, mirror_grad,
   // p2p and waits
@@ -378,6 +414,14 @@ inline const std::unordered_map<std::string_view, Fn>& fn_table() {
       {"shared_down", Fn::mlp_down}, {"shared_down_dgrad", Fn::mlp_down_dgrad},
       {"shared_down_wgrad", Fn::mlp_down_wgrad}, {"shared_swiglu_bwd", Fn::swiglu_bwd},
       {"shared_up_dgrad", Fn::mlp_up_dgrad}, {"shared_up_wgrad", Fn::mlp_up_wgrad},
+      // MLA (models/blocks/mla.hpp): its ops, and the SP AllGather of the latents (the chain).
+      {"q_down", Fn::q_down}, {"q_norm", Fn::q_norm}, {"kv_down", Fn::kv_down}, {"kv_norm", Fn::kv_norm},
+      {"q_up", Fn::q_up}, {"q_proj", Fn::q_up}, {"kv_up", Fn::kv_up}, {"q_up_dgrad", Fn::q_up_dgrad},
+      {"q_proj_dgrad", Fn::q_up_dgrad}, {"kv_up_dgrad", Fn::kv_up_dgrad}, {"q_up_wgrad", Fn::q_up_wgrad},
+      {"q_proj_wgrad", Fn::q_up_wgrad}, {"kv_up_wgrad", Fn::kv_up_wgrad}, {"kv_norm_bwd", Fn::kv_norm_bwd},
+      {"kv_down_dgrad", Fn::kv_down_dgrad}, {"q_norm_bwd", Fn::q_norm_bwd}, {"q_down_dgrad", Fn::q_down_dgrad},
+      {"kv_down_wgrad", Fn::kv_down_wgrad}, {"q_down_wgrad", Fn::q_down_wgrad},
+      {"tp_allgather_latent", Fn::chain},
       {"embedding_grad_allreduce", Fn::embed_grad},
       // DualPipe: the two copies of a layer held by pipeline ranks r and pp - 1 - r.
       {"dualpipe_grad_allreduce", Fn::mirror_grad},
@@ -964,6 +1008,14 @@ struct Interpreter::Impl {
   void mlp_op(Lane& L, Fn fn, const Op& op);
   void head_op(Lane& L, Fn fn, const Op& op);
   void moe_op(Lane& L, Fn fn, const Op& op);
+  /// Multi-head latent attention (models/verify/ops_mla.cpp), RoPE and its backward included
+  /// when the model has MLA.
+  void mla_op(Lane& L, Fn fn, const Op& op);
+  /// MLA's RMSNorm of `x` with the replicated weight w (q_norm / kv_norm): the output, its
+  /// statistics kept under `out`.
+  Mat mla_norm_fwd(Lane& L, const Op& op, const Mat& x, LK w, Slot out);
+  /// Its backward on dy: dx, and w's gradient.
+  Mat mla_norm_bwd(Lane& L, const Op& op, const Mat& dy, LK w, Slot cache_slot);
   /// The MoE token AllToAlls and ETP collectives (moe_dispatch, moe_combine, moe_etp_* and
   /// their backward), over the groups Op::group names, on every rank of the stage.
   void moe_comm(int st, const Op& op);

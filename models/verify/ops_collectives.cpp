@@ -214,14 +214,18 @@ Tag Interpreter::Impl::regather_target(const Reg& cur, Slot& src, Slot& dst, int
       if (fs[i] == Fn::lm_head_wgrad) { src = Slot::nf; dst = Slot::ref; return Tag::normf; }
       if (fs[i] == Fn::mlp_up_wgrad) { src = Slot::n2; dst = Slot::re2; return Tag::norm2; }
       if (fs[i] == Fn::qkv_wgrad) { src = Slot::n1; dst = Slot::re1; return Tag::norm1; }
-      if (fs[i] == Fn::lm_head_dgrad || fs[i] == Fn::mlp_up_dgrad || fs[i] == Fn::qkv_dgrad) break;
+      if (fs[i] == Fn::q_up_wgrad || fs[i] == Fn::kv_up_wgrad) { src = Slot::mla_lat; dst = Slot::mla_re_lat; return Tag::latent; }
+      if (fs[i] == Fn::lm_head_dgrad || fs[i] == Fn::mlp_up_dgrad || fs[i] == Fn::qkv_dgrad || fs[i] == Fn::q_up_dgrad)
+        break;
     }
   }
   layer = cur.layer;
   switch (cur.tag) {
     case Tag::dlogits: src = Slot::nf; dst = Slot::ref; layer = -1; return Tag::normf;
     case Tag::d_col_mlp: src = Slot::n2; dst = Slot::re2; return Tag::norm2;
-    case Tag::d_qkv: src = Slot::n1; dst = Slot::re1; return Tag::norm1;
+    case Tag::d_qkv:
+      if (M.mla) { src = Slot::mla_lat; dst = Slot::mla_re_lat; return Tag::latent; }  // the latents (ops_mla.cpp)
+      src = Slot::n1; dst = Slot::re1; return Tag::norm1;
     default: break;
   }
   die(op, "re-gathers the input of a column-parallel layer, but the backward chain is not at one");
@@ -457,11 +461,18 @@ void Interpreter::Impl::sp_grad_allreduce(int st, const Op& op) {
     }
     check_size(op, static_cast<double>(in.front().size()) * grad_bytes, "the sequence-parallel replicated gradients");
     const auto out = refmath::all_reduce(in, rop(op));
+    // mla-down-grad-unreduced: MLA's replicated parameters keep their TP partial gradients.
+    const bool skip_mla = opt.inject == Injection::mla_down_grad_unreduced;
     for (size_t i = 0; i < g.size(); ++i) {
       size_t f = 0;
-      for (auto& p : ranks[sz(g[i])].params)
-        if (sp_partial_grad(p.kind))
-          for (int64_t e = 0; e < p.size(); ++e, ++f) (p.has_synced[sz(e)] ? p.synced[sz(e)] : p.grad.v[sz(e)]) = out[i][f];
+      for (auto& p : ranks[sz(g[i])].params) {
+        if (!sp_partial_grad(p.kind)) continue;
+        if (skip_mla && mla_replicated(p.kind)) {
+          f += sz(p.size());
+          continue;
+        }
+        for (int64_t e = 0; e < p.size(); ++e, ++f) (p.has_synced[sz(e)] ? p.synced[sz(e)] : p.grad.v[sz(e)]) = out[i][f];
+      }
     }
   }
 }

@@ -40,6 +40,12 @@ const char* to_string(PKind k) {
     case PKind::eu: return "moe.experts.up.weight";
     case PKind::eg: return "moe.experts.gate.weight";
     case PKind::ed: return "moe.experts.down.weight";
+    case PKind::mla_dq: return "mla.q_down.weight";
+    case PKind::mla_qnorm: return "mla.q_norm.weight";
+    case PKind::mla_uq: return "mla.q_up.weight";
+    case PKind::mla_dkv: return "mla.kv_down.weight";
+    case PKind::mla_kvnorm: return "mla.kv_norm.weight";
+    case PKind::mla_ukv: return "mla.kv_up.weight";
   }
   return "?";
 }
@@ -70,7 +76,7 @@ const char* to_string(Probe p) {
 namespace {
 
 int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit; }
-constexpr int kPKinds = static_cast<int>(PKind::ed) + 1;
+constexpr int kPKinds = static_cast<int>(PKind::mla_ukv) + 1;
 
 }  // namespace
 
@@ -84,8 +90,25 @@ Experiment shrink_experiment(const Experiment& e) {
   const int64_t per_rank = t >= 4 ? 1 : std::min<int64_t>(2, e.model.heads / t);
   m.heads = t * per_rank;
   m.kv_heads = e.model.kv_heads < e.model.heads ? t : m.heads;
-  const int64_t hd = t >= 4 ? 2 : 4;
+  const bool mla = e.model.mla.enabled();
+  if (mla) m.kv_heads = m.heads;  // MLA: every head has its own key and value
+  const int64_t hd = t >= 4 && !mla ? 2 : 4;
   m.hidden = m.heads * hd;
+  m.head_dim_override = 0;  // an explicit head_dim (Qwen3: 128 with hidden / heads 64) shrinks to hd too
+  if (mla) {
+    // Head parts of 4 (query / key d_n + d_r, value d_v: one core for MLA and standard
+    // attention), the rotary part kept when the original has one; latent ranks shrunk with
+    // the hidden size (at least 3), q_lora_rank 0 kept.
+    const MlaSpec& o = e.model.mla;
+    auto shrink_rank = [&](int64_t r) {
+      return std::max<int64_t>(3, (r * m.hidden + e.model.hidden - 1) / e.model.hidden);
+    };
+    m.mla.qk_rope_head_dim = o.qk_rope_head_dim > 0 ? 2 : 0;
+    m.mla.qk_nope_head_dim = hd - m.mla.qk_rope_head_dim;
+    m.mla.v_head_dim = hd;
+    m.mla.kv_lora_rank = shrink_rank(o.kv_lora_rank);
+    m.mla.q_lora_rank = o.q_lora_rank > 0 ? shrink_rank(o.q_lora_rank) : 0;
+  }
   m.ffn_hidden = 2 * m.hidden;
   m.vocab = round_up(std::max<int64_t>(16, 4 * t), t);
   m.layers = l.pp * l.vp * (l.pp <= 2 ? 2 : 1);
@@ -174,6 +197,18 @@ TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
     for (int64_t l = 0; l < layers; ++l) moe_layers[static_cast<size_t>(l)] = m.moe.is_moe_layer(l) ? 1 : 0;
   }
   if (rope && hd % 2 != 0) throw InputError("verify: RoPE needs an even head_dim");
+  if (m.mla.enabled()) {
+    mla = true;
+    dq = m.mla.q_lora_rank;
+    dc = m.mla.kv_lora_rank;
+    dn = m.mla.qk_nope_head_dim;
+    dr = m.mla.qk_rope_head_dim;
+    dv = m.mla.v_head_dim;
+    q_in = dq > 0 ? dq : h;
+    if (dn + dr != hd || dv != hd || kv_heads != heads || (rope && dr % 2 != 0))
+      throw InputError("verify: the tiny MLA model needs qk_nope + qk_rope = v_head = head_dim, kv_heads = heads and "
+                       "an even qk_rope_head_dim (shrink_experiment)");
+  }
   auto add = [&](PKind k, int layer, int64_t r, int64_t c) {
     segs.push_back(PSeg{k, layer, r, c, total_params});
     total_params += r * c;
@@ -183,9 +218,20 @@ TinyModel::TinyModel(const Experiment& shrunk) : exp(shrunk) {
   for (int l = 0; l < static_cast<int>(layers); ++l) {
     add(PKind::ln1_w, l, 1, h);
     if (layernorm) add(PKind::ln1_b, l, 1, h);
-    add(PKind::wq, l, h, heads * hd);
-    add(PKind::wk, l, h, kv_heads * hd);
-    add(PKind::wv, l, h, kv_heads * hd);
+    if (mla) {
+      if (dq > 0) {
+        add(PKind::mla_dq, l, h, dq);
+        add(PKind::mla_qnorm, l, 1, dq);
+      }
+      add(PKind::mla_uq, l, q_in, heads * hd);
+      add(PKind::mla_dkv, l, h, dc + dr);
+      add(PKind::mla_kvnorm, l, 1, dc);
+      add(PKind::mla_ukv, l, dc, heads * (dn + dv));
+    } else {
+      add(PKind::wq, l, h, heads * hd);
+      add(PKind::wk, l, h, kv_heads * hd);
+      add(PKind::wv, l, h, kv_heads * hd);
+    }
     if (bias) {
       add(PKind::bq, l, 1, heads * hd);
       add(PKind::bk, l, 1, kv_heads * hd);
@@ -315,7 +361,9 @@ std::vector<double> init_params(const TinyModel& m, uint64_t seed) {
       case PKind::embed_pos: scale = 0.5; break;
       case PKind::ln1_w:
       case PKind::ln2_w:
-      case PKind::final_w: scale = 0.1; shift = 1.0; break;
+      case PKind::final_w:
+      case PKind::mla_qnorm:
+      case PKind::mla_kvnorm: scale = 0.1; shift = 1.0; break;
       case PKind::ln1_b:
       case PKind::ln2_b:
       case PKind::final_b:
@@ -401,6 +449,47 @@ void moe_route_bwd(const TinyModel& m, const double* logits, const int64_t* sel,
     return;
   }
   for (int64_t i = 0; i < k; ++i) dlogits[sel[i]] = prob[i] * (dprob[i] - dot);  // softmax over the k
+}
+
+void mla_split_kv(const Mat& kv, const Mat& kr, int64_t heads, int64_t dn, int64_t dr, int64_t dv, Mat& k, Mat& v) {
+  const int64_t rows = kv.rows, w = dn + dv;
+  k = Mat::uninitialized(rows, heads * (dn + dr));
+  v = Mat::uninitialized(rows, heads * dv);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < heads; ++j) {
+      const double* src = kv.row(i) + j * w;
+      double* kd = k.row(i) + j * (dn + dr);
+      for (int64_t x = 0; x < dn; ++x) kd[x] = src[x];
+      for (int64_t x = 0; x < dr; ++x) kd[dn + x] = kr.at(i, x);
+      for (int64_t x = 0; x < dv; ++x) v.at(i, j * dv + x) = src[dn + x];
+    }
+}
+
+void mla_split_kv_bwd(const Mat& dk, const Mat& dv, int64_t heads, int64_t dn, int64_t dr, int64_t dv_dim, Mat& dkv,
+                      Mat& dkr) {
+  const int64_t rows = dk.rows, w = dn + dv_dim;
+  dkv = Mat::uninitialized(rows, heads * w);
+  dkr = Mat(rows, dr);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < heads; ++j) {
+      const double* kd = dk.row(i) + j * (dn + dr);
+      double* dst = dkv.row(i) + j * w;
+      for (int64_t x = 0; x < dn; ++x) dst[x] = kd[x];
+      for (int64_t x = 0; x < dv_dim; ++x) dst[dn + x] = dv.at(i, j * dv_dim + x);
+      for (int64_t x = 0; x < dr; ++x) dkr.at(i, x) += kd[dn + x];
+    }
+}
+
+void mla_rope(Mat& x, int64_t heads, int64_t hd, int64_t dr, const std::vector<int64_t>& position, bool inverse) {
+  if (dr == 0) return;
+  Mat r = Mat::uninitialized(x.rows, heads * dr);
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t j = 0; j < heads; ++j)
+      for (int64_t c = 0; c < dr; ++c) r.at(i, j * dr + c) = x.at(i, j * hd + hd - dr + c);
+  rope_apply(r, heads, dr, position, inverse);
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t j = 0; j < heads; ++j)
+      for (int64_t c = 0; c < dr; ++c) x.at(i, j * hd + hd - dr + c) = r.at(i, j * dr + c);
 }
 
 refmath::AdamHyper verify_adam() {
@@ -683,7 +772,8 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     const Mat* ctx = nullptr;
     const Mat* n2 = nullptr;
     Mat q, k, v, u, g, act;
-    NormCache c1, c2;
+    Mat qin, kvn;            // MLA: q_up's input (q_norm output, or the norm output) and kv_norm's output
+    NormCache c1, c2, cq, ckv;  // cq / ckv: MLA's latent norms
     AttnCache att;
     MoeRefCache moe;
   };
@@ -694,15 +784,32 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
     c.n1 = &put(Probe::ln1_out, l,
                 norm_forward(x_in, param_ptr(m, p, PKind::ln1_w, l),
                              m.layernorm ? param_ptr(m, p, PKind::ln1_b, l) : nullptr, m.layernorm, c.c1));
-    c.q = mm(*c.n1, PKind::wq, l);
-    c.k = mm(*c.n1, PKind::wk, l);
-    c.v = mm(*c.n1, PKind::wv, l);
+    if (m.mla) {
+      // Multi-head latent attention (models/verify/ops_mla.cpp): latents, their norms, the up
+      // projections, the shared rotary key.
+      c.qin = m.dq > 0 ? norm_forward(mm(*c.n1, PKind::mla_dq, l), param_ptr(m, p, PKind::mla_qnorm, l), nullptr,
+                                      false, c.cq)
+                       : *c.n1;
+      const Mat kvd = mm(*c.n1, PKind::mla_dkv, l);
+      c.kvn = norm_forward(col_range(kvd, 0, m.dc), param_ptr(m, p, PKind::mla_kvnorm, l), nullptr, false, c.ckv);
+      c.q = mm(c.qin, PKind::mla_uq, l);
+      mla_split_kv(mm(c.kvn, PKind::mla_ukv, l), col_range(kvd, m.dc, m.dc + m.dr), m.heads, m.dn, m.dr, m.dv, c.k,
+                   c.v);
+      if (m.rope) {
+        mla_rope(c.q, m.heads, m.hd, m.dr, pos, false);
+        mla_rope(c.k, m.heads, m.hd, m.dr, pos, false);
+      }
+    } else {
+      c.q = mm(*c.n1, PKind::wq, l);
+      c.k = mm(*c.n1, PKind::wk, l);
+      c.v = mm(*c.n1, PKind::wv, l);
+    }
     if (m.bias) {
       add_row_vector(c.q, param_ptr(m, p, PKind::bq, l));
       add_row_vector(c.k, param_ptr(m, p, PKind::bk, l));
       add_row_vector(c.v, param_ptr(m, p, PKind::bv, l));
     }
-    if (m.rope) {
+    if (m.rope && !m.mla) {
       rope_apply(c.q, m.heads, m.hd, pos, false);
       rope_apply(c.k, m.kv_heads, m.hd, pos, false);
     }
@@ -837,6 +944,33 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
       put(Probe::dk, l, dk);
       put(Probe::dv, l, dv);
     }
+    Mat dn1;
+    if (m.mla) {
+      if (m.rope) {
+        mla_rope(dq, m.heads, m.hd, m.dr, pos, true);
+        mla_rope(dk, m.heads, m.hd, m.dr, pos, true);
+      }
+      Mat dkv, dkr;
+      mla_split_kv_bwd(dk, dv, m.heads, m.dn, m.dr, m.dv, dkv, dkr);
+      add_grad(m, r.grad, PKind::mla_uq, l, matmul_tn(c.qin, dq));
+      add_grad(m, r.grad, PKind::mla_ukv, l, matmul_tn(c.kvn, dkv));
+      const Mat dqin = mm_nt(dq, PKind::mla_uq, l);
+      const Mat dkvn = mm_nt(dkv, PKind::mla_ukv, l);
+      Mat dkvd = Mat::uninitialized(dkvn.rows, m.dc + m.dr);
+      set_col_range(dkvd, 0, norm_backward(dkvn, param_ptr(m, p, PKind::mla_kvnorm, l), false, c.ckv,
+                                           grad_ptr(m, r.grad, PKind::mla_kvnorm, l), nullptr));
+      set_col_range(dkvd, m.dc, dkr);
+      add_grad(m, r.grad, PKind::mla_dkv, l, matmul_tn(*c.n1, dkvd));
+      dn1 = mm_nt(dkvd, PKind::mla_dkv, l);
+      if (m.dq > 0) {
+        const Mat dql = norm_backward(dqin, param_ptr(m, p, PKind::mla_qnorm, l), false, c.cq,
+                                      grad_ptr(m, r.grad, PKind::mla_qnorm, l), nullptr);
+        add_grad(m, r.grad, PKind::mla_dq, l, matmul_tn(*c.n1, dql));
+        add_into(dn1, mm_nt(dql, PKind::mla_dq, l));
+      } else {
+        add_into(dn1, dqin);
+      }
+    } else {
     if (m.rope) {
       rope_apply(dq, m.heads, m.hd, pos, true);
       rope_apply(dk, m.kv_heads, m.hd, pos, true);
@@ -849,9 +983,10 @@ void compute_reference_step(const TinyModel& m, const std::vector<double>& p, co
       add_grad(m, r.grad, PKind::bk, l, col_sums(dk));
       add_grad(m, r.grad, PKind::bv, l, col_sums(dv));
     }
-    Mat dn1 = mm_nt(dq, PKind::wq, l);
+    dn1 = mm_nt(dq, PKind::wq, l);
     add_into(dn1, mm_nt(dk, PKind::wk, l));
     add_into(dn1, mm_nt(dv, PKind::wv, l));
+    }
     dx = norm_backward(put(Probe::d_ln1_out, l, std::move(dn1)), param_ptr(m, p, PKind::ln1_w, l), m.layernorm, c.c1,
                        grad_ptr(m, r.grad, PKind::ln1_w, l),
                        m.layernorm ? grad_ptr(m, r.grad, PKind::ln1_b, l) : nullptr);

@@ -30,7 +30,8 @@ namespace dtsim::verify {
 /// recompute), cluster and training flags are kept. Rules:
 ///  - heads: 1 per TP rank when tp >= 4, else 2 (or 1 when the model has fewer);
 ///    kv_heads: one per TP rank when the model uses GQA (kv_heads < heads), else = heads;
-///  - head_dim 2 when tp >= 4, else 4 (even, for RoPE); hidden = heads * head_dim;
+///  - head_dim 2 when tp >= 4, else 4 (even, for RoPE); hidden = heads * head_dim (a model's
+///    explicit head_dim is dropped: the shrunk head_dim is hidden / heads);
 ///    ffn_hidden = 2 * hidden; vocab = max(16, 4 tp) rounded up to a multiple of tp;
 ///  - layers: 2 per pipeline stage when pp <= 2, else 1 (times vp); with the layout's
 ///    Megatron-Core split options (models/pipeline_split.hpp): account_for_*: one slot per
@@ -41,6 +42,12 @@ namespace dtsim::verify {
 ///  - micro_batch = min(micro_batch, 2); accumulation = min(accumulation, 4) (pp with the
 ///    interleaved schedule, which needs a multiple of pp);
 ///    global_batch = micro_batch * dp * accumulation.
+///  - multi-head latent attention (model.mla; models/verify/ops_mla.cpp): head size 4 at every
+///    tp (hidden = 4 heads), kv_heads = heads; the query / key head d_n + d_r and the value head
+///    d_v are both 4, so that the attention core is the one standard attention runs: d_r = 2
+///    when the original has a rotary part (else 0), d_n = 4 - d_r, d_v = 4; the latent ranks
+///    shrink with the hidden size, d_c = max(3, ceil(d_c h' / h)) and d_q likewise (0 stays 0:
+///    the query is then projected directly).
 ///  - mixture of experts (model.moe): E = the original E when it is at most max(2 ep, 4), else
 ///    max(2 ep, 4) rounded up to a multiple of ep; top-k = min(k, max(1, E / 2));
 ///    moe_ffn_hidden = 2 etp (etp = layout.expert_tp()); a shared expert keeps existing with
@@ -74,6 +81,16 @@ enum class PKind {
   router_w,    // h x E: logits = x router_w
   eu, eg,      // E*h x fe
   ed,          // E*fe x h
+  // Multi-head latent attention layers (TinyModel::mla; models/verify/ops_mla.cpp), in place of
+  // wq / wk / wv (wo: heads*dv x h). Head j's columns of mla_uq are [j hd, (j+1) hd): its
+  // non-rotary then rotary query part; of mla_ukv [j (dn+dv), (j+1)(dn+dv)): its non-rotary
+  // key part, then its value.
+  mla_dq,      // h x dq: q_down (absent when dq = 0)
+  mla_qnorm,   // 1 x dq: q_norm (RMSNorm) weight
+  mla_uq,      // q_in x heads*hd: q_up (q_in = dq), or the direct query projection (q_in = h)
+  mla_dkv,     // h x (dc + dr): kv_down; the last dr columns are the shared rotary key k^R
+  mla_kvnorm,  // 1 x dc: kv_norm (RMSNorm) weight
+  mla_ukv,     // dc x heads*(dn+dv): kv_up
 };
 const char* to_string(PKind);
 
@@ -95,6 +112,11 @@ struct TinyModel {
   // Mixture of experts (all zero for a dense model).
   int64_t experts = 0, topk = 0, fe = 0, fs = 0;
   bool sigmoid_router = false;
+  // Multi-head latent attention (every layer; all zero without): latent ranks dq (0: no
+  // q_down) and dc, head parts dn + dr = hd (query / key) and dv = hd (value); q_in is the
+  // width of q_up's input (dq, or h when dq = 0).
+  bool mla = false;
+  int64_t dq = 0, dc = 0, dn = 0, dr = 0, dv = 0, q_in = 0;
   std::vector<uint8_t> moe_layers;  // [layer] 1: a MoE layer
   bool moe_layer(int layer) const {
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[static_cast<size_t>(layer)] != 0;
@@ -120,6 +142,17 @@ void moe_route(const TinyModel& m, const double* logits, int64_t* sel, double* p
 /// gradient of its k weights.
 void moe_route_bwd(const TinyModel& m, const double* logits, const int64_t* sel, const double* prob,
                    const double* dprob, double* dlogits);
+
+/// Multi-head latent attention's per-head keys and values (models/verify/ops_mla.cpp): kv_up's
+/// output `kv` (rows x heads (dn + dv), head j: [k_nope | v]) and the shared rotary key `kr`
+/// (rows x dr) give K (rows x heads (dn + dr), head j: [k_nope_j | kr]) and V (rows x heads dv).
+void mla_split_kv(const Mat& kv, const Mat& kr, int64_t heads, int64_t dn, int64_t dr, int64_t dv, Mat& k, Mat& v);
+/// Backward of mla_split_kv: dkv (head j: [dK_j's first dn | dV_j]) and dkr = the sum over the
+/// heads of dK_j's last dr columns (in head order).
+void mla_split_kv_bwd(const Mat& dk, const Mat& dv, int64_t heads, int64_t dn, int64_t dr, int64_t dv_dim, Mat& dkv,
+                      Mat& dkr);
+/// RoPE (rope_apply) on the last dr of every head's hd columns: MLA's rotary parts.
+void mla_rope(Mat& x, int64_t heads, int64_t hd, int64_t dr, const std::vector<int64_t>& position, bool inverse);
 
 /// Parameters drawn from `seed`: weights uniform in [-1,1) / sqrt(fan_in), biases
 /// 0.1 x uniform, norm weights 1 + 0.1 x uniform, norm biases 0.1 x uniform, embeddings

@@ -303,9 +303,6 @@ void check_world(const Experiment& e) {
 /// any work instead of failing on the first unknown op or giving a wrong reference.
 void check_modelled(const Experiment& e) {
   const ModelSpec& m = e.model;
-  if (m.mla.enabled())
-    throw InputError(e.source + ": model.mla: dtsim verify does not execute multi-head latent attention (MLA); it "
-                     "verifies standard multi-head / grouped-query attention");
   if (m.attention.window > 0)
     throw InputError(e.source + ": model.attention.window: dtsim verify does not execute sliding-window attention "
                      "(window " + std::to_string(m.attention.window) + "); it verifies full causal attention");

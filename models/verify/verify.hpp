@@ -89,8 +89,16 @@
 //    buffer, so the optimizer applies the 1 / |DPxCP| to those gradients. The router weight is TP-replicated and
 //    computed on sequence shards: a tp_sp_grad_allreduce gradient. Not executed (refused by
 //    verify_experiment with an InputError): capacity factor / token drop, MoE without SwiGLU,
-//    MLA attention, sliding-window attention; the expert bias and group-limited routing are
-//    switched off by shrink_experiment.
+//    sliding-window attention; the expert bias and group-limited routing are switched off by
+//    shrink_experiment.
+//  - Multi-head latent attention (models/verify/ops_mla.cpp, which documents the shapes and
+//    reductions): every MLA op by name; tp_allgather_latent is the chain's AllGather of the
+//    latents [q_in | kv latent | k^R] (SP), their gradient is the chain the column-parallel
+//    tp_reducescatter / tp_allreduce sums, tp_allgather_input re-gathers them for the up
+//    projections' weight gradients. The down projections' and latent norms' weights are
+//    replicated over TP: with SP tp_sp_grad_allreduce gradients (TP partial sums), without SP
+//    complete on every TP rank. The tiny model gives query / key and value heads the same size
+//    (tiny_model.hpp).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -117,6 +125,8 @@ enum class Injection {
   // Mixture of experts.
   ep_grad_avg_over_ep,    // routed-expert gradients averaged over the EP group instead of the plan's EDP reduction
   moe_combine_unweighted, // moe_unpermute sums the top-k expert outputs without the router weights
+  // Multi-head latent attention.
+  mla_down_grad_unreduced, // MLA's replicated down-projection / latent-norm gradients not summed over TP (SP)
 };
 const char* to_string(Injection);
 /// Every injection but `none`, in declaration order.

@@ -621,8 +621,8 @@ TEST(VerifyInjections, EveryBugFailsItsRule) {
     EXPECT_FALSE(r.rule(b.rule).passed) << to_string(b.inj) << describe(r);
   }
   // w-before-b and drop-w: tests/unit/test_verify_schedules.cpp; the two MoE bugs:
-  // tests/unit/test_verify_moe.cpp.
-  EXPECT_EQ(all_injections().size(), 12u);
+  // tests/unit/test_verify_moe.cpp; the MLA bug: tests/unit/test_verify_mla.cpp.
+  EXPECT_EQ(all_injections().size(), 13u);
 }
 
 TEST(VerifyInjections, ClassicBugsOnTheirOwnSplit) {
@@ -664,10 +664,30 @@ constexpr int64_t kUnitSuiteMaxWorld = 1024;
 
 /// Every shipped experiment with a shrunk world at most (`small`) or above kUnitSuiteMaxWorld
 /// passes as planned, without a plan-gap note; returns how many were checked.
+// Shipped experiments verify refuses, each with the refusal's words: token drop (a capacity
+// factor) is not executed on numbers yet (models/verify/verify.cpp). Any other refusal fails.
+bool refused_as_stated(const fs::path& p, const Experiment& e) {
+  const std::vector<std::pair<std::string, std::string>> stated = {
+      {"modelzoo-mixtral-8x22b-capacity1.yaml", "capacity factor"}};
+  for (const auto& [file, words] : stated) {
+    if (p.filename().string() != file) continue;
+    try {
+      verify_experiment(e, {.steps = 1});
+    } catch (const InputError& err) {
+      EXPECT_NE(std::string(err.what()).find(words), std::string::npos) << p << ": " << err.what();
+      return true;
+    }
+    ADD_FAILURE() << p << " is listed as refused but verify ran it: drop it from the list";
+    return true;
+  }
+  return false;
+}
+
 int check_shipped_pass(bool small) {
   int checked = 0;
   for (const fs::path& p : shipped()) {
     const Experiment e = load_experiment(p.string());
+    if (refused_as_stated(p, e)) continue;
     const Experiment s = shrink_experiment(e);
     if ((s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp <= kUnitSuiteMaxWorld) != small) continue;
     ++checked;
@@ -688,6 +708,7 @@ TEST(VerifyShipped, TheLargestExperimentsPassAsPlanned) {
 TEST(VerifyShipped, EveryApplicableBugFailsOnEveryExperiment) {
   for (const fs::path& p : shipped()) {
     const Experiment e = load_experiment(p.string());
+    if (refused_as_stated(p, e)) continue;
     const Experiment s = shrink_experiment(e);
     if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld) continue;
     const StepPlan plan = build_step_plan(s);

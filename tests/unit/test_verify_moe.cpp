@@ -214,9 +214,7 @@ TEST(VerifyMoeRefuses, FeaturesItDoesNotExecute) {
   Experiment window = make({.name = "window", .dp = 8, .ep = 4});
   window.model.attention.window = 128;
   EXPECT_NE(message(window).find("sliding-window"), std::string::npos) << message(window);
-  Experiment mla = make({.name = "mla", .dp = 8, .ep = 4});
-  mla.model.mla.kv_lora_rank = 64;
-  EXPECT_NE(message(mla).find("model.mla"), std::string::npos) << message(mla);
+  // (Multi-head latent attention is executed: tests/unit/test_verify_mla.cpp.)
 }
 
 }  // namespace
