@@ -47,8 +47,9 @@ using Seat = std::pair<size_t, size_t>;
 // are copies of plane 0 on other NICs, which a non-blocking fabric (no switch uplinks: each
 // NIC's own links only) keeps apart, so plane 0 alone, with each of its flows standing for the
 // gpus_per_nic GPUs on its NIC, loads every link it uses as all k planes do and finishes at the
-// same time (unfolded, each flow stands for the group's members on its NIC). The direct AllToAll (alltoall_direct.cpp pairs member j of one node with member j
-// of the other) of an EP group over whole nodes is the case this exists for: k x fewer flows.
+// same time (unfolded, each flow stands for the group's members on its NIC). The direct
+// AllToAll (alltoall_direct.cpp pairs member j of one node with member j of the other) of an
+// EP group over whole nodes is the case this exists for: k x fewer flows.
 bool planes_are_copies(const collectives::GroupLayout& g, const collectives::Phase& ph,
                        std::unordered_map<int64_t, Seat>& seat) {
   if (!g.uniform() || g.per_node() < 2 || ph.flows.empty()) return false;
