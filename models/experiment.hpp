@@ -175,7 +175,7 @@ struct FabricShape {
 /// choose per collective as NCCL's does (sim/collectives/tuner.hpp); a name forces it where
 /// the algorithm supports the collective (as NCCL_ALGO / NCCL_PROTO do).
 struct CollectiveChoice {
-  std::string algorithm = "auto";  // auto | ring | tree | nvls | hierarchical | direct | p2p
+  std::string algorithm = "auto";  // auto | ring | tree | nvls | hierarchical | direct | deepep | p2p
   std::string protocol = "auto";   // auto | simple | ll | ll128
 };
 
@@ -268,7 +268,8 @@ struct Training {
   bool overlap_p2p = false;
   /// MoE token dispatcher (Megatron-Core --moe-token-dispatcher-type; `deepep` / `hybridep` =
   /// flex with --moe-enable-deepep / HybridEP): how the EP AllToAll runs
-  /// (sim/collectives/ registry: alltoall, alltoall_hierarchical).
+  /// (deepep and hybridep run the EP AllToAll as sim/collectives/alltoall_deepep.cpp: once per
+  /// node over RDMA, then NVLink; alltoall as NCCL's direct AllToAll).
   std::string moe_token_dispatcher = "alltoall";
   /// Megatron-Core --overlap-moe-expert-parallel-comm: the dispatch / combine AllToAll of one
   /// micro-batch overlaps the compute of another (forward with backward, 1F1B A2A overlap).

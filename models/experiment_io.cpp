@@ -354,6 +354,7 @@ struct ModelDraft {
   // biases (with the family's transformers default) and a sliding window.
   std::string hf_where;
   std::optional<int64_t> hf_sliding_window;
+  int64_t hf_window_from_layer = 0;  // Qwen: the first windowed layer (max_window_layers)
   std::optional<bool> hf_attention_bias, hf_mlp_bias;
 };
 
@@ -491,12 +492,17 @@ void read_head_dim(HfReader& r, ModelDraft& d, const std::string& type) {
 // Sliding-window attention: MistralConfig's default window is 4096 when the key is absent
 // (MixtralConfig's is None); Qwen2Config, Qwen3Config and the Qwen MoE configs apply
 // sliding_window only with use_sliding_window (default False); null means full attention.
+int64_t positive_or(HfReader& r, const std::string& key, int64_t fallback);
+
 void read_sliding_window(HfReader& r, ModelDraft& d, const std::string& type) {
   const bool is_qwen = type.rfind("qwen", 0) == 0;
   const auto use = r.boolean("use_sliding_window");
   d.hf_sliding_window = r.integer("sliding_window");
   if (!d.hf_sliding_window && type == "mistral" && !r.contains("sliding_window")) d.hf_sliding_window = 4096;
   if (use ? !*use : is_qwen) d.hf_sliding_window.reset();
+  // Qwen2/Qwen3 (transformers Qwen2Config layer_types): layer i slides when i >=
+  // max_window_layers (default 28); Mistral and Mixtral slide in every layer.
+  if (is_qwen && d.hf_sliding_window) d.hf_window_from_layer = positive_or(r, "max_window_layers", 28);
 }
 
 // A positive integer key, or its transformers default when absent or null.
@@ -768,6 +774,7 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
 struct SlidingWindow {
   std::string where;  // hf_config="..."
   std::optional<int64_t> window;
+  int64_t from_layer = 0;  // layers before it attend in full
 };
 
 // A list of 0 / 1 flags (model.moe.layer_freq, model.attention.window_pattern); `count` > 0:
@@ -958,7 +965,7 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
                               to_string(m.activation) + " is not modelled (dtsim gives " +
                               (biased ? "every GEMM of a GeLU model a bias" : "the GEMMs of a SwiGLU model no bias") +
                               ", models/flops.cpp has_linear_biases)");
-  if (from_hf) sliding = {d.hf_where, d.hf_sliding_window};
+  if (from_hf) sliding = {d.hf_where, d.hf_sliding_window, d.hf_window_from_layer};
   return m;
 }
 
@@ -1689,13 +1696,21 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   else top.require("training");
   e.published = read_published(Reader(ctx, top.child("published"), "published"));
   // A sliding window at least as long as the sequence changes nothing (every query already
-  // sees every earlier token); a shorter one is sliding-window attention, not modelled.
+  // sees every earlier token); a shorter one becomes model.attention.window (and its pattern).
   if (sliding.window && !ctx.bad().count("model") && !ctx.bad().count("training") &&
-      !ctx.bad().count("training.seq_len") && e.training.seq_len > *sliding.window)
-    ctx.fail("model", sliding.where + ": \"sliding_window\"=" + std::to_string(*sliding.window) +
-                          " is shorter than training.seq_len=" + std::to_string(e.training.seq_len) +
-                          ": sliding-window attention is not modelled (a window of at least seq_len changes "
-                          "nothing; set use_sliding_window: false or sliding_window: null if the run does not use it)");
+      !ctx.bad().count("training.seq_len") && e.training.seq_len > *sliding.window) {
+    if (e.model.attention.window > 0) {
+      ctx.fail("model", sliding.where + ": \"sliding_window\"=" + std::to_string(*sliding.window) +
+                            " and model.attention.window both set the window: keep one");
+    } else if (sliding.from_layer < e.model.layers) {  // else no layer slides (Qwen: max_window_layers)
+      e.model.attention.window = *sliding.window;
+      if (sliding.from_layer > 0) {
+        e.model.attention.window_pattern.assign(static_cast<size_t>(std::max<int64_t>(0, e.model.layers)), 0);
+        for (int64_t i = sliding.from_layer; i < e.model.layers; ++i)
+          e.model.attention.window_pattern[static_cast<size_t>(i)] = 1;
+      }
+    }
+  }
   e.layout = ld.layout;
   auto known = [&](std::initializer_list<const char*> keys) {
     for (const char* k : keys) {

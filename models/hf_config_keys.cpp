@@ -59,14 +59,15 @@ const Keys kLlamaKeys = {
     // read
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
     "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings", "head_dim",
+    // read into model.attention when the window is shorter than the sequence (Qwen: from layer
+    // max_window_layers on, with use_sliding_window)
+    "sliding_window", "use_sliding_window", "max_window_layers",
     // checked against the final model by the reader
-    "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
+    "attention_bias", "mlp_bias",
     // harmless: numerics (RMSNorm epsilon, RoPE base and scaling change values, not cost; RoPE
     // settings are rope_parameters from transformers 5 on), dropout probabilities, Llama's
-    // pretraining_tp (slices of the same GEMMs for reproducibility), Qwen2's max_window_layers
-    // (only with a sliding window, checked above)
-    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp", "attention_dropout",
-    "max_window_layers"};
+    // pretraining_tp (slices of the same GEMMs for reproducibility)
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp", "attention_dropout"};
 // MixtralConfig: Mistral's keys plus the experts. Read: num_local_experts, num_experts_per_tok.
 // Harmless: router_aux_loss_coef (the weight of the load-balancing loss, a scalar added to
 // the loss), output_router_logits (an output switch), router_jitter_noise (multiplicative

@@ -38,8 +38,16 @@ void check_moe(const Experiment& e, ProblemList& p) {
             "v_head_dim (remove model.head_dim)");
   }
   if (m.attention.window < 0) p.add("model.attention.window=" + s(m.attention.window) + " must be positive");
-  if (m.attention.window > 0 || m.attention.sinks)
-    p.add("model.attention: sliding-window attention and sinks are not simulated yet");
+  if (m.attention.window > 0) {
+    if (!e.training.flash_attention)
+      p.add("model.attention.window needs training.flash_attention: the unfused path computes every score of the "
+            "sequence and masks afterwards, which dtsim does not model for a window");
+    if (l.cp > 1)
+      p.add("model.attention.window with layout.cp=" + s(l.cp) +
+            ": context parallelism over sliding-window layers is not simulated (each CP rank would skip the key "
+            "blocks outside the window); use cp 1");
+    if (m.mla.enabled()) p.add("model.attention.window with model.mla: MLA layers have no sliding window");
+  }
   const bool moe_opts = e.training.overlap_moe_expert_parallel_comm || e.training.delay_wgrad_compute ||
                         e.training.moe_shared_expert_overlap || e.training.moe_token_dispatcher != "alltoall";
   if (moe_opts && !x.enabled())

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 
@@ -59,22 +60,32 @@ double overlap(double compute, double comm, double speed) {
 /// size): a sweep asks for the same few sizes again and again.
 class AnalyticEngine::Comm {
  public:
-  explicit Comm(const ClusterSpec& c)
-      : cluster_(c), model_(collectives::CommModel::of(c)) {
-    gpn_ = std::max<int64_t>(1, c.gpus_per_node);
-    gpus_per_nic_ = std::max<int64_t>(1, gpn_ / std::max<int64_t>(1, c.nics_per_node));
+  explicit Comm(const Experiment& e)
+      : cluster_(e.cluster),
+        model_(collectives::CommModel::of(e.cluster)),
+        ep_routing_(collectives::ep_token_routing(e)),
+        ep_choice_(collectives::ep_alltoall_choice(e)) {
+    gpn_ = std::max<int64_t>(1, cluster_.gpus_per_node);
+    gpus_per_nic_ = std::max<int64_t>(1, gpn_ / std::max<int64_t>(1, cluster_.nics_per_node));
   }
   /// Collective `c` on `size` bytes over n ranks `stride` apart from rank 0 (the folded
   /// engine's representative of stage 0).
-  double collective(Collective c, int64_t n, int64_t stride, double size) {
+  /// `ep`: the MoE token AllToAll of the EP group (its routing, training.moe_token_dispatcher's
+  /// algorithm; as the SimGrid engine's run_collective).
+  double collective(Collective c, int64_t n, int64_t stride, double size, bool ep = false) {
     if (n <= 1 || size <= 0) return 0.0;
-    const Key key{static_cast<int>(c), n, stride, size};
+    ep = ep && c == Collective::AllToAll;
+    const Key key{static_cast<int>(c) + (ep ? 100 : 0), n, stride, size};
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     std::vector<int64_t> members(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) members[static_cast<size_t>(i)] = i * stride;
-    const auto g = collectives::GroupLayout::of(std::move(members), gpn_, gpus_per_nic_);
-    const double t = collectives::choose(collectives::to_op(c), g, model_, size, cluster_.collectives, false).time_s;
+    auto g = collectives::GroupLayout::of(std::move(members), gpn_, gpus_per_nic_);
+    if (ep) g.routing = ep_routing_;
+    const bool forced = ep && ep_choice_;
+    const double t = collectives::choose(collectives::to_op(c), g, model_, size,
+                                         forced ? *ep_choice_ : cluster_.collectives, forced)
+                         .time_s;
     cache_.emplace(key, t);
     return t;
   }
@@ -103,6 +114,8 @@ class AnalyticEngine::Comm {
   };
   ClusterSpec cluster_;
   collectives::CommModel model_;
+  collectives::TokenRouting ep_routing_;
+  std::optional<CollectiveChoice> ep_choice_;
   int64_t gpn_ = 1, gpus_per_nic_ = 1;
   std::unordered_map<Key, double, KeyHash> cache_;
 };
@@ -150,7 +163,7 @@ struct AnalyticEngine::StageDetail {
 };
 
 AnalyticEngine::AnalyticEngine(const Experiment& base)
-    : base_(base), scratch_(base), comm_(std::make_unique<Comm>(base.cluster)) {}
+    : base_(base), scratch_(base), comm_(std::make_unique<Comm>(base)) {}
 AnalyticEngine::~AnalyticEngine() = default;
 
 size_t AnalyticEngine::cached_shapes() const { return cache_.size(); }
@@ -179,7 +192,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       case GroupKind::TP: return comm.collective(op.collective, l.tp, 1, op.size_bytes);
       case GroupKind::CP: return comm.collective(op.collective, l.cp, l.tp, op.size_bytes);
       case GroupKind::ETP: return comm.collective(op.collective, etp, 1, op.size_bytes);
-      case GroupKind::EP: return comm.collective(op.collective, l.ep, etp, op.size_bytes);
+      case GroupKind::EP: return comm.collective(op.collective, l.ep, etp, op.size_bytes, true);
       default: return 0.0;
     }
   };

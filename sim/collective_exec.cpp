@@ -172,8 +172,10 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
 }
 
 collectives::Choice execute_collective(const Platform& p, const FoldPolicy& fold, const std::vector<int64_t>& members,
-                                       collectives::CollOp op, double size_bytes, const CollectiveChoice* want) {
-  const auto g = collectives::GroupLayout::of(members, p.gpus_per_node, p.gpus_per_nic);
+                                       collectives::CollOp op, double size_bytes, const CollectiveChoice* want,
+                                       const collectives::TokenRouting* routing) {
+  auto g = collectives::GroupLayout::of(members, p.gpus_per_node, p.gpus_per_nic);
+  if (routing) g.routing = *routing;
   const bool strict = want != nullptr;
   const collectives::Choice c =
       collectives::choose(op, g, p.model, size_bytes, want ? *want : p.collectives, strict);

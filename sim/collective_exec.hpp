@@ -49,11 +49,13 @@ void launch_fold_siblings(const Platform& p, const FoldPolicy& fold, int64_t src
 /// calling actor and returns when its last flow and latency term are done. `size_bytes` as
 /// in nccl-tests (models/plan.hpp Op::size_bytes). The algorithm/protocol: `want` when
 /// given (strict: InputError if it cannot run), else the platform's cluster.collectives
-/// (falls back to the automatic choice where the named algorithm cannot run). Returns the
-/// choice made.
+/// (falls back to the automatic choice where the named algorithm cannot run). `routing`:
+/// the token routing of an EP AllToAll (collectives::GroupLayout::routing), else null.
+/// Returns the choice made.
 collectives::Choice execute_collective(const Platform& p, const FoldPolicy& fold, const std::vector<int64_t>& members,
                                        collectives::CollOp op, double size_bytes,
-                                       const CollectiveChoice* want = nullptr);
+                                       const CollectiveChoice* want = nullptr,
+                                       const collectives::TokenRouting* routing = nullptr);
 
 /// The engine's entry point: AllReduce, ReduceScatter or AllGather with the platform's
 /// choice. ReduceOp (SUM/AVG) does not change the cost: NCCL's ncclAvg is a SUM with the

@@ -21,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -145,7 +146,12 @@ TraceStream stream_of(CommKind k) {
 
 class Simulation {
  public:
-  Simulation(const StepPlan& plan, const EngineOptions& opts) : plan_(plan), grid_(plan.exp.layout), opts_(opts) {
+  Simulation(const StepPlan& plan, const EngineOptions& opts)
+      : plan_(plan),
+        grid_(plan.exp.layout),
+        opts_(opts),
+        ep_routing_(collectives::ep_token_routing(plan.exp)),
+        ep_choice_(collectives::ep_alltoall_choice(plan.exp)) {
     const auto& c = plan.exp.cluster;
     (void)c;
     const auto& l = plan.exp.layout;
@@ -183,6 +189,8 @@ class Simulation {
   const StepPlan& plan_;
   RankGrid grid_;
   EngineOptions opts_;
+  collectives::TokenRouting ep_routing_;                // the EP AllToAlls' token routing
+  std::optional<CollectiveChoice> ep_choice_;            // their algorithm (training.moe_token_dispatcher)
   int64_t stage_size_ = 1;
   Platform platform_;
   FoldPolicy fold_;
@@ -229,7 +237,11 @@ double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, cons
   const std::shared_ptr<double> started = inst.started;
   g.instances.erase(seq);
   *started = sg4::Engine::get_clock();
-  execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes);
+  if (op.group == GroupKind::EP && op.collective == Collective::AllToAll)
+    execute_collective(platform_, fold_, g.members, collectives::CollOp::AllToAll, op.size_bytes,
+                       ep_choice_ ? &*ep_choice_ : nullptr, &ep_routing_);
+  else
+    execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes);
   for (auto& w : waiters) w->release();
   return *started;
 }

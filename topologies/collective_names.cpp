@@ -3,7 +3,7 @@
 namespace dtsim {
 
 const std::vector<std::string>& collective_algorithm_names() {
-  static const std::vector<std::string> names = {"auto", "ring", "tree", "nvls", "hierarchical", "direct", "p2p"};
+  static const std::vector<std::string> names = {"auto", "ring", "tree", "nvls", "hierarchical", "direct", "deepep", "p2p"};
   return names;
 }
 

@@ -167,6 +167,14 @@ const std::vector<Entry>& registry() {
       g.attention_efficiency = 0.35;  // B200: no published fused-attention utilization found; assumed equal to the Hopper FlashAttention-2 figure (Shah et al. 2024) - an assumption, not a measurement
       v.push_back({g});
     }
+    {  // NVIDIA H800 SXM5 80GB: the export H100 (same GH100 die, clocks, HBM3 and SMs; NVLink cut
+       // to 400 GB/s bidirectional, dgx-h800 in topologies/node_presets.cpp). Every compute
+       // figure is the H100-SXM5-80GB preset's (hardware.csv "H800 SXM" lists only its
+       // NVLink; DeepSeek-V3 report arXiv 2412.19437 Sec 3.1 trains on "H800 GPUs").
+      GpuSpec g = v[1].spec;
+      g.name = "H800-SXM5-80GB";
+      v.push_back({g});
+    }
     return v;
   }();
   return entries;

@@ -182,6 +182,20 @@ const std::vector<NodePreset>& registry() {
       n.hbm_reserve_bytes = kHbmReserve;
       v.push_back(n);
     }
+    {
+      // DGX / HGX H800 (DeepSeek-V3's cluster, arXiv 2412.19437 Sec 3.1: 8 GPUs per node on
+      // NVLink and NVSwitch, InfiniBand across nodes; DeepEP's benchmark machine).
+      NodePreset n = v[1];  // dgx-h100
+      n.name = "dgx-h800";
+      n.gpu = "H800-SXM5-80GB";
+      // 400 GB/s bidirectional = 200 GB/s per direction; measured ~160 GB/s unidirectional
+      // (hardware.csv "H800 SXM": deepseek-ai/DeepSeek-V3#28, deepseek-ai/DeepEP#16) -> 0.8.
+      n.nvlink.bandwidth = 200 * GBps;
+      n.nvlink.efficiency = 160.0 / 200.0;
+      // 8 x ConnectX-7 400 Gb/s InfiniBand per node ("CX7 400 Gb/s InfiniBand", DeepEP
+      // README / docs/legacy.md test setup), NDR efficiency as dgx-h100.
+      v.push_back(n);
+    }
     return v;
   }();
   return entries;

@@ -1,16 +1,31 @@
 #include "models/blocks/attention.hpp"
 
+#include <algorithm>
+
 #include "models/blocks/norm.hpp"
+#include "models/compute_cost.hpp"
 
 namespace dtsim::blocks {
 
-CoreShape dense_core_shape(const BlockContext& c) {
+double window_keys(const ModelSpec& m, double s_kv) {
+  return m.attention.window > 0 ? std::min(s_kv, static_cast<double>(m.attention.window)) : s_kv;
+}
+
+double window_work(double window, double S) {
+  if (window <= 0 || window >= S) return 1.0;
+  return (1.0 - (window - 1.0) / (2.0 * S)) / kFlashCausalWork;
+}
+
+CoreShape dense_core_shape(const BlockContext& c, bool windowed) {
   CoreShape a;
   a.qk_head = a.v_head = static_cast<double>(c.m.head_dim());
   a.q = a.out = static_cast<double>(c.m.heads) * a.qk_head / c.t;
   a.k = a.v = c.kvd / c.t;
-  a.scores_flops = c.fwd.attention_scores / c.t;
-  a.values_flops = c.fwd.attention_values / c.t;
+  const double S = static_cast<double>(c.e.training.seq_len);
+  const double keys = windowed ? window_keys(c.m, S) : S;
+  // 2 x tokens x keys x (heads head_dim) for Q K^T and again for A V (forward_flops below).
+  a.scores_flops = a.values_flops = 2.0 * c.b * c.s * keys * a.q;
+  if (windowed) a.work = window_work(static_cast<double>(c.m.attention.window), S);
   return a;
 }
 
@@ -29,13 +44,13 @@ void attention_core_forward(BlockContext& c, const CoreShape& a, Phase ph, int l
     // Reads Q and K, V of the whole context, writes the output.
     const double bytes = kAct * c.b * (c.s * (a.q + a.out) + S * (a.k + a.v));
     if (cp_handle >= 0) {
-      c.compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1, c.attn_fwd_work);
+      c.compute("attention_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1, c.attn_fwd_work * a.work);
       c.wait(cp_handle, CommKind::CP, layer, mb, ph);
       c.ring_blocks();
       c.compute("attention_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
-                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_fwd_work);
+                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_fwd_work * a.work);
     } else {
-      c.compute("attention", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_fwd_work);
+      c.compute("attention", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_fwd_work * a.work);
     }
   } else {
     c.wait(cp_handle, CommKind::CP, layer, mb, ph);
@@ -61,16 +76,16 @@ void attention_core_backward(BlockContext& c, const CoreShape& a, int layer, int
     const double bytes = kAct * c.b * (c.s * (2.0 * (a.q + a.out)) + S * (2.0 * (a.k + a.v)));
     if (kv >= 0) {
       c.compute("attention_bwd_local", ph, layer, mb, KernelKind::attention, flops / cpf, bytes / cpf, 1,
-                c.attn_bwd_work);
+                c.attn_bwd_work * a.work);
       c.wait(kv, CommKind::CP, layer, mb, ph);
       c.ring_blocks();
       const int dkv = c.issue("cp_dkv_reducescatter", ph, layer, mb, CommKind::CP, Collective::ReduceScatter,
                               GroupKind::CP, kv_size);
       c.compute("attention_bwd_remote", ph, layer, mb, KernelKind::attention, flops * (cpf - 1) / cpf,
-                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_bwd_work);
+                bytes * (cpf - 1) / cpf, static_cast<int>(c.l.cp - 1), c.attn_bwd_work * a.work);
       c.wait(dkv, CommKind::CP, layer, mb, ph);
     } else {
-      c.compute("attention_bwd", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_bwd_work);
+      c.compute("attention_bwd", ph, layer, mb, KernelKind::attention, flops, bytes, 1, c.attn_bwd_work * a.work);
     }
   } else {
     c.wait(kv, CommKind::CP, layer, mb, ph);
@@ -89,7 +104,7 @@ void attention_core_backward(BlockContext& c, const CoreShape& a, int layer, int
 
 void AttentionBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double tok = c.b * c.s;
-  const CoreShape a = dense_core_shape(c);
+  const CoreShape a = dense_core_shape(c, windowed_);
   c.tp_enter(ph, layer, mb, "tp_allgather");
   c.gemm("qkv", ph, layer, mb, c.fwd.qkv / c.t, tok, a.q + a.k + a.v, c.h, Transpose::b);
   if (c.m.position == Position::rope)
@@ -102,7 +117,7 @@ void AttentionBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const
 void AttentionBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   const Phase ph = Phase::backward;
   const double tok = c.b * c.s;
-  const CoreShape a = dense_core_shape(c);
+  const CoreShape a = dense_core_shape(c, windowed_);
   const bool in = part != BackwardPart::weight;  // emit the input-gradient (B) ops
   const bool wt = part != BackwardPart::input;   // emit the weight-gradient (W) ops
   if (in) {
@@ -130,6 +145,9 @@ BlockParams AttentionBlock::parameters(const ModelSpec& m) const {
     p.sharded_biases = qw + 2.0 * kvw;
     p.replicated_biases = h;
   }
+  // One learned sink logit per head (GPT-OSS), split with the heads over TP: a sharded
+  // vector like a column-parallel bias, no GEMM weight.
+  if (m.attention.sinks) p.sharded_biases += static_cast<double>(m.heads);
   return p;
 }
 
@@ -137,8 +155,9 @@ void AttentionBlock::forward_flops(const ModelSpec& m, double tokens, double s_k
   const double h = static_cast<double>(m.hidden), qw = static_cast<double>(m.heads * m.head_dim()),
                kvw = static_cast<double>(m.kv_heads * m.head_dim());
   out.qkv += 2.0 * tokens * h * (qw + 2.0 * kvw);
-  out.attention_scores += 2.0 * tokens * s_kv * qw;
-  out.attention_values += 2.0 * tokens * s_kv * qw;
+  const double keys = windowed_ ? window_keys(m, s_kv) : s_kv;
+  out.attention_scores += 2.0 * tokens * keys * qw;
+  out.attention_values += 2.0 * tokens * keys * qw;
   out.out_proj += 2.0 * tokens * qw * h;
 }
 
@@ -157,7 +176,7 @@ void AttentionBlock::activation_terms(const ActivationShape& a, std::vector<Acti
 }
 
 void AttentionBlock::selective_recompute(BlockContext& c, int layer, int mb) const {
-  attention_core_forward(c, dense_core_shape(c), Phase::recompute, layer, mb);
+  attention_core_forward(c, dense_core_shape(c, windowed_), Phase::recompute, layer, mb);
 }
 
 }  // namespace dtsim::blocks

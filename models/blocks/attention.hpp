@@ -24,9 +24,26 @@ struct CoreShape {
   /// Forward FLOPs of this rank: Q K^T and softmax(.) V (flops.hpp convention: causal
   /// attention counted in full).
   double scores_flops = 0, values_flops = 0;
+  /// FlashAttention work of this layer relative to a causal layer's (BlockContext
+  /// attn_fwd_work / attn_bwd_work): 1, or a sliding window's (window_work).
+  double work = 1;
 };
-/// The dense core of the context's model (heads, kv_heads, head_dim; c.fwd's FLOPs).
-CoreShape dense_core_shape(const BlockContext& c);
+
+/// Keys each query of a sliding-window layer is counted with: min(window, s_kv) (the
+/// counting convention of flops.hpp, which counts causal attention in full: s_kv keys).
+double window_keys(const ModelSpec& m, double s_kv);
+/// FlashAttention work of a sliding-window layer of window w over a sequence of S, relative
+/// to a causal layer's, each against its own counted FLOPs: a query at position i attends
+/// to min(i + 1, w) keys, sum_i = S w - w (w - 1) / 2 of the counted S w, i.e.
+/// 1 - (w - 1) / (2 S), against the causal half (compute_cost.hpp kFlashCausalWork; the
+/// kernel skips the key blocks outside the band as it skips those above the diagonal:
+/// Dao 2023, FlashAttention-2 Sec 3.1.1, "local" attention of its window_size argument).
+/// 1 when w >= S.
+double window_work(double window, double S);
+
+/// The dense core of the context's model (heads, kv_heads, head_dim): its FLOPs from the
+/// model (2 b s S q each, S = seq_len, or window_keys for a `windowed` layer).
+CoreShape dense_core_shape(const BlockContext& c, bool windowed = false);
 
 /// The attention core forward (softmax(Q K^T) V) of one layer, or its recomputation
 /// (ph = Phase::recompute: Korthikanti 2022 Sec 5 selective recomputation). With CP the
@@ -50,7 +67,9 @@ class AttentionBlock : public Block {
   BlockParams parameters(const ModelSpec& m) const override;
   /// qkv = 2 tokens h (q + 2 kv), attention_scores = attention_values = 2 tokens s_kv q,
   /// out_proj = 2 tokens q h, with q = heads head_dim and kv = kv_heads head_dim (GQA).
-  /// Dense causal attention counted in full (Narayanan 2021 Eq. 3, Korthikanti 2022 Eq. 7).
+  /// Dense causal attention counted in full (Narayanan 2021 Eq. 3, Korthikanti 2022 Eq. 7);
+  /// a windowed layer counts window_keys keys instead of s_kv. With model.attention.sinks
+  /// the per-head sink logits (GPT-OSS) add heads parameters and no counted FLOPs.
   void forward_flops(const ModelSpec& m, double tokens, double s_kv, ForwardFlops& out) const override;
   /// Korthikanti 2022 Sec 4.1, generalised for GQA (q = heads head_dim, kv = kv_heads
   /// head_dim): the QKV GEMMs' shared input 2sbh (outside the TP region); inside it Q 2sbq,

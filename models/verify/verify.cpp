@@ -306,6 +306,9 @@ void check_modelled(const Experiment& e) {
   if (m.attention.window > 0)
     throw InputError(e.source + ": model.attention.window: dtsim verify does not execute sliding-window attention "
                      "(window " + std::to_string(m.attention.window) + "); it verifies full causal attention");
+  if (m.attention.sinks)
+    throw InputError(e.source + ": model.attention.sinks: dtsim verify does not execute attention sinks; it "
+                     "verifies plain softmax attention");
   if (m.moe.enabled() && m.moe.capacity_factor > 0)
     throw InputError(e.source + ": model.moe.capacity_factor: dtsim verify does not execute capacity factor (token "
                      "drop); verify the dropless layout (capacity_factor 0)");

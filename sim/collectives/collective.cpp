@@ -94,6 +94,18 @@ double busbw_factor(CollOp op, int64_t n) {
   return 1.0;
 }
 
+TokenRouting ep_token_routing(const Experiment& e) {
+  const MoeSpec& moe = e.model.moe;
+  if (!moe.enabled()) return {};
+  return {moe.router_topk, moe.num_experts, moe.router_num_groups, moe.router_group_topk};
+}
+
+std::optional<CollectiveChoice> ep_alltoall_choice(const Experiment& e) {
+  const std::string& d = e.training.moe_token_dispatcher;
+  if (d == "deepep" || d == "hybridep") return CollectiveChoice{"deepep", "auto"};
+  return std::nullopt;
+}
+
 CommModel CommModel::of(const ClusterSpec& c) {
   CommModel m;
   m.nvlink_bw = c.nvlink.bandwidth * c.nvlink.efficiency;

@@ -60,6 +60,21 @@ struct CommModel {
   static CommModel of(const ClusterSpec& c);
 };
 
+/// How the tokens of an MoE expert-parallel exchange are routed (GroupLayout::routing): each
+/// token goes to `topk` of `experts` experts, spread evenly over the group's members in
+/// member order; with `groups` > 0 the experts form that many equal groups (consecutive
+/// members) and a token reaches experts of at most `group_topk` of them (group-limited /
+/// node-limited routing, DeepSeek-V3 report arXiv 2412.19437 Sec 2.1.2; Megatron-Core
+/// --moe-router-num-groups / --moe-router-group-topk). Read by the algorithms that send a
+/// token once per node or rank it reaches (deepep); topk 0: not an expert exchange.
+struct TokenRouting {
+  int64_t topk = 0;
+  int64_t experts = 0;
+  int64_t groups = 0;
+  int64_t group_topk = 0;
+  bool operator==(const TokenRouting&) const = default;
+};
+
 /// Where a group's members sit. Members are GPUs (= global ranks), ascending; the ring order.
 struct GroupLayout {
   std::vector<int64_t> members;
@@ -67,6 +82,8 @@ struct GroupLayout {
   int64_t gpus_per_nic = 1;
   /// Members per node, nodes in ascending order.
   std::vector<std::vector<int64_t>> nodes;
+  /// The routing of the tokens an EP AllToAll exchanges (topk 0 for every other group).
+  TokenRouting routing;
 
   static GroupLayout of(std::vector<int64_t> members, int64_t gpus_per_node, int64_t gpus_per_nic);
   /// GPUs 0..n-1.
@@ -81,6 +98,14 @@ struct GroupLayout {
   /// Largest number of this group's members sharing one NIC.
   int64_t max_members_per_nic() const;
 };
+
+/// The token routing of `e`'s EP AllToAlls (model.moe router_topk, num_experts,
+/// router_num_groups, router_group_topk); all zero without MoE.
+TokenRouting ep_token_routing(const Experiment& e);
+/// The algorithm of `e`'s EP AllToAlls as training.moe_token_dispatcher names it: deepep for
+/// `deepep` and `hybridep` (forced: an InputError where it cannot run), nullopt for
+/// `alltoall` (Megatron-Core's AllToAll dispatcher: NCCL, cluster.collectives' choice).
+std::optional<CollectiveChoice> ep_alltoall_choice(const Experiment& e);
 
 /// A transfer between two GPUs on different nodes, simulated as one flow on the route
 /// between their NICs.

@@ -8,7 +8,8 @@ const std::vector<const Algorithm*>& algorithms() {
   // One line per algorithm (each defined in its own file).
   static const std::vector<const Algorithm*> all = {&ring_algorithm(),         &tree_algorithm(),
                                                     &nvls_algorithm(),         &hierarchical_algorithm(),
-                                                    &direct_algorithm(),       &p2p_algorithm()};
+                                                    &direct_algorithm(),       &deepep_algorithm(),
+                                                    &p2p_algorithm()};
   return all;
 }
 

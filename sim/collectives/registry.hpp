@@ -1,6 +1,6 @@
 #pragma once
 // The registry of collective algorithms by name (one file each in sim/collectives/):
-// ring, tree, nvls, hierarchical, direct, p2p. An unknown name lists the valid ones.
+// ring, tree, nvls, hierarchical, direct, deepep, p2p. An unknown name lists the valid ones.
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +24,7 @@ const Algorithm& tree_algorithm();
 const Algorithm& nvls_algorithm();
 const Algorithm& hierarchical_algorithm();
 const Algorithm& direct_algorithm();
+const Algorithm& deepep_algorithm();
 const Algorithm& p2p_algorithm();
 
 }  // namespace dtsim::collectives

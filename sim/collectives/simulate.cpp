@@ -35,7 +35,8 @@ std::vector<CollectiveTiming> prepare(const ClusterSpec& c, const std::vector<Co
       if (g < 0 || g >= c.gpus())
         throw InputError("GPU " + std::to_string(g) + " is outside the cluster's " + std::to_string(c.gpus()) + " GPUs");
     if (r.repeat < 1) throw InputError("repeat=" + std::to_string(r.repeat) + " must be >= 1");
-    const auto g = GroupLayout::of(r.members, gpn, gpus_per_nic);
+    auto g = GroupLayout::of(r.members, gpn, gpus_per_nic);
+    g.routing = r.routing;
     const Choice ch = choose(r.op, g, m, r.bytes, r.choice, true, "collective");
     CollectiveTiming t;
     t.algorithm = std::string(ch.algorithm->name());
@@ -73,7 +74,7 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
               const CollectiveRun& run = runs[i];
               const double t0 = sg4::Engine::get_clock();
               for (int64_t k = 0; k < run.repeat; ++k)
-                simgrid_engine::execute_collective(p, fp, run.members, run.op, run.bytes, &run.choice);
+                simgrid_engine::execute_collective(p, fp, run.members, run.op, run.bytes, &run.choice, &run.routing);
               timings[i].time_s = (sg4::Engine::get_clock() - t0) / static_cast<double>(run.repeat);
             }));
       }

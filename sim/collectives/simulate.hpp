@@ -18,6 +18,8 @@ struct CollectiveRun {
   /// Algorithm/protocol; "auto" for the tuner's choice. A named one that cannot run throws
   /// InputError (before the simulation starts).
   CollectiveChoice choice;
+  /// The token routing of an MoE token AllToAll (GroupLayout::routing; deepep reads it).
+  TokenRouting routing;
   int64_t repeat = 1;            // back-to-back collectives in one actor
   int batch = 0;                 // runs of one batch start together; batches run in order
 };

@@ -42,13 +42,13 @@ TEST(Collectives, RegistryNamesMatchTheYamlReader) {
   std::vector<std::string> expected = {"auto"};
   for (const auto& n : algorithm_names()) expected.push_back(n);
   EXPECT_EQ(collective_algorithm_names(), expected);
-  EXPECT_EQ(algorithm_list(), "ring, tree, nvls, hierarchical, direct, p2p");
+  EXPECT_EQ(algorithm_list(), "ring, tree, nvls, hierarchical, direct, deepep, p2p");
   EXPECT_THROW(algorithm("bruck"), InputError);
   try {
     algorithm("bruck");
   } catch (const InputError& e) {
     EXPECT_EQ(e.problems().front(),
-              "unknown collective algorithm \"bruck\" (valid: ring, tree, nvls, hierarchical, direct, p2p)");
+              "unknown collective algorithm \"bruck\" (valid: ring, tree, nvls, hierarchical, direct, deepep, p2p)");
   }
 }
 
@@ -100,8 +100,12 @@ std::vector<std::vector<int64_t>> shapes(const ClusterSpec& c) {
 size_t check_algorithm(const Algorithm& a, const ClusterSpec& cluster) {
   const CommModel m = CommModel::of(cluster);
   std::vector<Case> cases;
+  // Token routing for the algorithms that read it (deepep): top-8 of 5040 experts (divisible
+  // by every group size below), group-limited to 2 of 4 groups.
+  const TokenRouting routing{8, 5040, 4, 2};
   for (const auto& members : shapes(cluster)) {
-    const GroupLayout g = layout(cluster, members);
+    GroupLayout g = layout(cluster, members);
+    g.routing = routing;
     for (CollOp op : {CollOp::AllReduce, CollOp::ReduceScatter, CollOp::AllGather, CollOp::Broadcast, CollOp::Reduce,
                       CollOp::AllToAll, CollOp::SendRecv}) {
       if (!a.unsupported(op, g, m).empty()) continue;
@@ -119,6 +123,7 @@ size_t check_algorithm(const Algorithm& a, const ClusterSpec& cluster) {
     r.choice.algorithm = std::string(a.name());
     r.choice.protocol = cases[i].proto == Protocol::LL ? "ll" : cases[i].proto == Protocol::LL128 ? "ll128" : "simple";
     r.batch = static_cast<int>(i);  // one at a time: alone on the platform
+    r.routing = routing;
     runs.push_back(r);
   }
   const auto t = simulate_collectives_isolated(cluster, runs);
@@ -126,7 +131,9 @@ size_t check_algorithm(const Algorithm& a, const ClusterSpec& cluster) {
   if (t.size() != cases.size()) return 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
-    const double closed = a.closed_form(c.op, layout(cluster, c.members), m, c.bytes, c.proto);
+    GroupLayout g = layout(cluster, c.members);
+    g.routing = routing;
+    const double closed = a.closed_form(c.op, g, m, c.bytes, c.proto);
     EXPECT_EQ(t[i].algorithm, a.name());
     EXPECT_EQ(t[i].protocol, c.proto);
     EXPECT_GT(closed, 0);

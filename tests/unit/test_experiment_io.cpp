@@ -380,7 +380,7 @@ TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
   EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                  "H200-SXM-141GB, B200)"))
+                  "H200-SXM-141GB, B200, H800-SXM5-80GB)"))
       << dump(ps);
   // The unknown GPU is reported once: checks on its fields are skipped, not repeated.
   for (const auto& p : ps) EXPECT_EQ(p.find("cluster.gpu.peak_bf16"), std::string::npos) << p;
@@ -430,16 +430,16 @@ TEST(ExperimentIoValue, PlainNumberQuantityIsRejected) {
 TEST(ExperimentIoValue, UnknownGpuPresetListsValidNames) {
   expect_problem({"cluster.gpu=X100"},
                  "exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200)");
+                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
   expect_problem({"cluster.gpu.preset=X100"},
                  "exp.yaml: cluster.gpu.preset=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200)");
+                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
 }
 
 TEST(ExperimentIoValue, UnknownNodePresetListsValidNames) {
   expect_problem({"cluster.node=dgx-x"},
                  "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: dgx-a100, dgx-h100, dgx-h200, "
-                 "dgx-b200, gb200-nvl72)");
+                 "dgx-b200, gb200-nvl72, dgx-h800)");
 }
 
 TEST(ExperimentIoValue, PresetNamesAreCaseInsensitive) {
@@ -1257,7 +1257,7 @@ TEST(ExperimentIoHfMoe, DeepseekErrorsNameTheKey) {
 // Presets.
 
 TEST(ExperimentIoPresets, GpuRegistry) {
-  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200"}));
+  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "H800-SXM5-80GB"}));
   EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
   EXPECT_EQ(find_gpu_preset("nope"), nullptr);
   try {
@@ -1265,7 +1265,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200)");
+              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200, H800-SXM5-80GB)");
   }
   for (const auto& name : gpu_preset_names()) {
     SCOPED_TRACE(name);
@@ -1289,7 +1289,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 
 TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_EQ(node_preset_names(),
-            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"}));
+            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-h800"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);
@@ -1309,6 +1309,7 @@ TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_DOUBLE_EQ(node_preset("dgx-a100").nvlink.bandwidth, 300e9);
   EXPECT_DOUBLE_EQ(node_preset("dgx-h100").nvlink.bandwidth, 450e9);
   EXPECT_DOUBLE_EQ(node_preset("dgx-b200").nvlink.bandwidth, 900e9);
+  EXPECT_DOUBLE_EQ(node_preset("dgx-h800").nvlink.bandwidth, 200e9);  // H800: 400 GB/s bidirectional
   EXPECT_DOUBLE_EQ(node_preset("dgx-a100").nic.bandwidth, 25e9);
   EXPECT_DOUBLE_EQ(node_preset("dgx-h200").nic.bandwidth, 50e9);
   EXPECT_THROW(node_preset("dgx-z"), InputError);

@@ -119,29 +119,40 @@ TEST(StrictHf, ExpertCountOutsideItsFamilyIsAnError) {
                               "\"num_local_experts\"")) << ps[0];
 }
 
-TEST(StrictHf, SlidingWindowShorterThanTheSequenceIsAnError) {
+TEST(StrictHf, SlidingWindowShorterThanTheSequenceSetsTheWindow) {
   {
-    const auto ps = problems(hf_yaml(kHfData / "mistral-7b-v0.1.json", 8192));
-    ASSERT_EQ(ps.size(), 1u) << dump(ps);
-    EXPECT_TRUE(contains(ps[0], "\"sliding_window\"=4096 is shorter than training.seq_len=8192")) << ps[0];
-    EXPECT_TRUE(contains(ps[0], "sliding-window attention is not modelled")) << ps[0];
+    EXPECT_TRUE(problems(hf_yaml(kHfData / "mistral-7b-v0.1.json", 8192)).empty());
+    const Experiment e = parse_experiment(hf_yaml(kHfData / "mistral-7b-v0.1.json", 8192), "exp.yaml", {}, ".");
+    EXPECT_EQ(e.model.attention.window, 4096);  // every Mistral layer slides
+    EXPECT_TRUE(e.model.attention.window_pattern.empty());
+    // A window at least as long as the sequence changes nothing.
+    EXPECT_EQ(parse_experiment(hf_yaml(kHfData / "mistral-7b-v0.1.json", 4096), "exp.yaml", {}, ".").model.attention.window, 0);
   }
   TempDir d;
-  // Qwen2 applies the window only with use_sliding_window (the public Qwen2-7B has false).
+  // Qwen2 applies the window only with use_sliding_window (the public Qwen2-7B has false),
+  // from layer max_window_layers on (default 28: none of these 2 layers slides).
   d.write("qwen.json", R"({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 256,
     "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
     "use_sliding_window": true, "sliding_window": 1024})");
-  EXPECT_EQ(problems(hf_yaml(d.path() / "qwen.json", 2048)).size(), 1u);
+  EXPECT_TRUE(problems(hf_yaml(d.path() / "qwen.json", 2048)).empty());
+  EXPECT_EQ(parse_experiment(hf_yaml(d.path() / "qwen.json", 2048), "exp.yaml", {}, d.path().string()).model.attention.window, 0);
+  d.write("qwen1.json", R"({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
+    "use_sliding_window": true, "sliding_window": 1024, "max_window_layers": 1})");
+  const Experiment q = parse_experiment(hf_yaml(d.path() / "qwen1.json", 2048), "exp.yaml", {}, d.path().string());
+  EXPECT_EQ(q.model.attention.window, 1024);
+  EXPECT_EQ(q.model.attention.window_pattern, (std::vector<uint8_t>{0, 1}));
   // MistralConfig's default window (4096) applies when the key is absent; null turns it off.
   d.write("mistral.json", R"({"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256,
     "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu"})");
-  const auto ps = problems(hf_yaml(d.path() / "mistral.json", 8192));
-  ASSERT_EQ(ps.size(), 1u) << dump(ps);
-  EXPECT_TRUE(contains(ps[0], "\"sliding_window\"=4096")) << ps[0];
+  EXPECT_EQ(parse_experiment(hf_yaml(d.path() / "mistral.json", 8192), "exp.yaml", {}, d.path().string())
+                .model.attention.window,
+            4096);
   d.write("off.json", R"({"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256,
     "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 32000, "hidden_act": "silu",
     "sliding_window": null})");
   EXPECT_TRUE(problems(hf_yaml(d.path() / "off.json", 8192)).empty());
+  EXPECT_EQ(parse_experiment(hf_yaml(d.path() / "off.json", 8192), "exp.yaml", {}, d.path().string()).model.attention.window, 0);
 }
 
 TEST(StrictHf, UnknownKeyIsNamed) {

@@ -220,7 +220,7 @@ TEST(TopologyYaml, PreciseErrors) {
                                      "type, nodes_per_leaf, oversubscription, leaves_per_pod, pod_oversubscription)"});
   EXPECT_EQ(problems("{node: dgx-h100, nodes: 2, collectives: {algorithm: bruck}}"),
             std::vector<std::string>{"exp.yaml: cluster.collectives.algorithm=\"bruck\" is not one of auto, ring, "
-                                     "tree, nvls, hierarchical, direct, p2p"});
+                                     "tree, nvls, hierarchical, direct, deepep, p2p"});
   EXPECT_EQ(problems("{node: dgx-h100, nodes: 2, collectives: {protocol: LL}}"),
             std::vector<std::string>{"exp.yaml: cluster.collectives.protocol=\"LL\" is not one of auto, simple, ll, "
                                      "ll128"});

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -658,17 +659,17 @@ std::vector<fs::path> shipped() {
   return out;
 }
 
-/// Injected bugs on shrunk worlds above this run in tests/slow (a 3072-rank layout takes
-/// about a second per step, and each bug reruns it).
+/// Injected bugs are run on shrunk worlds up to this size (a 3072-rank layout takes about a
+/// second per step, and each bug reruns it); larger shrunk worlds only pass as planned.
 constexpr int64_t kUnitSuiteMaxWorld = 1024;
 
-/// Every shipped experiment with a shrunk world at most (`small`) or above kUnitSuiteMaxWorld
-/// passes as planned, without a plan-gap note; returns how many were checked.
 // Shipped experiments verify refuses, each with the refusal's words: token drop (a capacity
-// factor) is not executed on numbers yet (models/verify/verify.cpp). Any other refusal fails.
+// factor) and sliding-window attention are not executed on numbers yet
+// (models/verify/verify.cpp check_modelled). Any other refusal fails.
 bool refused_as_stated(const fs::path& p, const Experiment& e) {
   const std::vector<std::pair<std::string, std::string>> stated = {
-      {"modelzoo-mixtral-8x22b-capacity1.yaml", "capacity factor"}};
+      {"modelzoo-mixtral-8x22b-capacity1.yaml", "capacity factor"},
+      {"gpt-oss-120b-h100.yaml", "sliding-window attention"}};
   for (const auto& [file, words] : stated) {
     if (p.filename().string() != file) continue;
     try {
@@ -683,45 +684,48 @@ bool refused_as_stated(const fs::path& p, const Experiment& e) {
   return false;
 }
 
-int check_shipped_pass(bool small) {
-  int checked = 0;
-  for (const fs::path& p : shipped()) {
-    const Experiment e = load_experiment(p.string());
-    if (refused_as_stated(p, e)) continue;
-    const Experiment s = shrink_experiment(e);
-    if ((s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp <= kUnitSuiteMaxWorld) != small) continue;
-    ++checked;
-    const VerifyReport r = verify_experiment(e, {.steps = 2});
-    EXPECT_TRUE(r.passed()) << p << describe(r);
-    EXPECT_FALSE(has_gap_note(r)) << p << describe(r);
-  }
-  return checked;
+TEST(VerifyShipped, TheExperimentsDirectoryIsFound) { EXPECT_GE(shipped().size(), 20u); }
+
+// One test per shipped experiment (each its own ctest entry, so the suite runs them in
+// parallel and a slow one is timed on its own): it passes as planned, without a plan-gap
+// note, and every injected bug that applies to its shrunk world fails.
+class VerifyShippedExperiment : public ::testing::TestWithParam<fs::path> {};
+
+TEST_P(VerifyShippedExperiment, PassesAsPlanned) {
+  const Experiment e = load_experiment(GetParam().string());
+  if (refused_as_stated(GetParam(), e)) return;
+  const VerifyReport r = verify_experiment(e, {.steps = 2});
+  EXPECT_TRUE(r.passed()) << GetParam() << describe(r);
+  EXPECT_FALSE(has_gap_note(r)) << GetParam() << describe(r);
 }
 
-TEST(VerifyShipped, EveryExperimentPassesAsPlanned) { EXPECT_GE(check_shipped_pass(true), 10); }
-
-TEST(VerifyShipped, TheLargestExperimentsPassAsPlanned) {
-  // 2240 to 16384 shrunk ranks: a few seconds each for two steps.
-  EXPECT_GE(check_shipped_pass(false), 4);
-}
-
-TEST(VerifyShipped, EveryApplicableBugFailsOnEveryExperiment) {
-  for (const fs::path& p : shipped()) {
-    const Experiment e = load_experiment(p.string());
-    if (refused_as_stated(p, e)) continue;
-    const Experiment s = shrink_experiment(e);
-    if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld) continue;
-    const StepPlan plan = build_step_plan(s);
-    for (Injection inj : all_injections()) {
-      if (!injection_inapplicable(inj, s).empty()) {
-        EXPECT_THROW(verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj}), InputError);
-        continue;
-      }
-      const VerifyReport r = verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj});
-      EXPECT_FALSE(r.passed()) << p << " " << to_string(inj);
+TEST_P(VerifyShippedExperiment, EveryApplicableBugFails) {
+  const Experiment e = load_experiment(GetParam().string());
+  if (refused_as_stated(GetParam(), e)) return;
+  const Experiment s = shrink_experiment(e);
+  if (s.layout.dp * s.layout.tp * s.layout.cp * s.layout.pp > kUnitSuiteMaxWorld)
+    GTEST_SKIP() << "shrunk world above " << kUnitSuiteMaxWorld << " ranks: its injected bugs run in tests/slow";
+  const StepPlan plan = build_step_plan(s);
+  for (Injection inj : all_injections()) {
+    if (!injection_inapplicable(inj, s).empty()) {
+      EXPECT_THROW(verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj}), InputError);
+      continue;
     }
+    const VerifyReport r = verify_plan(plan, {.steps = steps_to_show(inj), .inject = inj});
+    EXPECT_FALSE(r.passed()) << GetParam() << " " << to_string(inj);
   }
 }
+
+/// The test name of a shipped experiment: its path under experiments/, letters and digits only.
+std::string shipped_name(const ::testing::TestParamInfo<fs::path>& info) {
+  const fs::path root = fs::path(DTSIM_SOURCE_DIR) / "experiments";
+  std::string n = fs::relative(info.param, root).replace_extension().string();
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, VerifyShippedExperiment, ::testing::ValuesIn(shipped()), shipped_name);
 
 }  // namespace
 }  // namespace dtsim::verify
