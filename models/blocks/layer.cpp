@@ -1,5 +1,7 @@
 #include "models/blocks/layer.hpp"
 
+#include <algorithm>
+
 #include <utility>
 #include <vector>
 
@@ -138,6 +140,22 @@ std::vector<BlockSpec> layer_spec(const ModelSpec& m, int kind) {
 
 std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t first, int64_t count) {
   std::array<int64_t, kLayerKinds> n{};
+  if (count <= 0) return n;
+  const MoeSpec& moe = m.moe;
+  if (m.attention.window <= 0 && moe.layer_pattern.empty() && first >= 0 && moe.layer_freq >= 1) {
+    // No window and MoE by first_k_dense / layer_freq: count the MoE layers in closed form
+    // (a sweep asks for every stage's counts), the same as the loop below.
+    const size_t base = m.mla.enabled() ? 4 : 0;
+    int64_t moe_layers = 0;
+    if (moe.enabled()) {
+      const int64_t lo = std::max(first, moe.first_k_dense) - moe.first_k_dense, hi = first + count - moe.first_k_dense;
+      const int64_t f = moe.layer_freq;
+      if (hi > lo) moe_layers = (hi + f - 1) / f - (lo + f - 1) / f;  // multiples of f in [lo, hi)
+    }
+    n[base + 1] = moe_layers;
+    n[base] = count - moe_layers;
+    return n;
+  }
   for (int64_t i = first; i < first + count; ++i) ++n[static_cast<size_t>(layer_kind(m, i))];
   return n;
 }

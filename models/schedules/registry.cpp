@@ -42,8 +42,18 @@ const std::vector<const PipelineSchedule*>& all_schedules() {
 }
 
 const PipelineSchedule& schedule_of(Schedule s) {
-  for (const PipelineSchedule* p : all_schedules())
-    if (p->id() == s) return *p;
+  // Indexed by the enum value (a sweep asks for every layout's schedule several times).
+  static const std::vector<const PipelineSchedule*> by_id = [] {
+    std::vector<const PipelineSchedule*> v;
+    for (const PipelineSchedule* p : all_schedules()) {
+      const auto i = static_cast<size_t>(p->id());
+      if (v.size() <= i) v.resize(i + 1, nullptr);
+      v[i] = p;
+    }
+    return v;
+  }();
+  const auto i = static_cast<size_t>(s);
+  if (i < by_id.size() && by_id[i]) return *by_id[i];
   throw std::logic_error("schedule_of: unregistered schedule");
 }
 

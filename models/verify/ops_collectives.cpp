@@ -536,7 +536,7 @@ void Interpreter::Impl::mirror_grad(int st, const Op& op) {
     bool after_dp = false;
     for (const LocalParam& a : A.params)
       after_dp = after_dp || std::find(a.has_synced.begin(), a.has_synced.end(), 1) != a.has_synced.end();
-    int64_t n = 0, carried = 0;
+    int64_t n = 0, n_expert = 0, carried = 0;
     bool mixed = false;
     for (LocalParam& a : A.params) {
       const int ib = pindex(Bm, a.kind, a.layer);
@@ -557,17 +557,21 @@ void Interpreter::Impl::mirror_grad(int st, const Op& op) {
         grad_as_is(bb, sz(e)) = out[1][sz(e)];
       }
       n += a.size();
+      if (expert_param(a.kind)) n_expert += a.size();
       carried += after_dp ? std::count(a.has_synced.begin(), a.has_synced.end(), 1) : a.size();
     }
     if (n == 0) die(op, fmt::format("stages {} and {} hold no parameter in common", lo, hi));
     // After a DP ReduceScatter a rank adds only the shard it owns; the plan sizes that shard
     // as the mean over the DP x CP group (its elements / N, the distributed optimizer's
-    // padded even shard), of which this rank's own (`carried`) may differ by the rounding.
+    // padded even shard) and, for routed experts, over the expert-data-parallel group that
+    // shards them; this rank's own (`carried`) may differ by the rounding.
     (void)carried;
     const bool sharded = after_dp && grad_sync_policy(plan.exp).sharded_optimizer;
     const double group = static_cast<double>(plan.exp.layout.dp * plan.exp.layout.cp);
+    const double edp = static_cast<double>(std::max<int64_t>(1, plan.exp.layout.edp()));
+    const double owned = static_cast<double>(n - n_expert) / group + static_cast<double>(n_expert) / edp;
     if (!sized)
-      check_size(op, static_cast<double>(n) / (sharded ? group : 1.0) * grad_bytes,
+      check_size(op, (sharded ? owned : static_cast<double>(n)) * grad_bytes,
                  sharded ? "the mean owned shard of the gradients both stages hold" : "the gradients both stages hold");
     sized = true;
     if (mixed && mixed_pairs++ == 0) {

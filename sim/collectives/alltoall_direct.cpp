@@ -40,7 +40,12 @@ class Direct final : public Algorithm {
     if (g.n() < 2) return 0;
     const double n = static_cast<double>(g.n());
     double net = 0;
-    if (g.node_count() > 1) {
+    if (g.node_count() > 1 && g.uniform() && g.max_members_per_nic() == 1) {
+      // Every member on its own NIC, k per node: each sends (n - k) chunks out and, pairing as
+      // below, receives one chunk of k from every other node's member j: (n - k) chunks in.
+      const double k = static_cast<double>(g.per_node());
+      net = (n - k) * bytes / n / m.net_bw;
+    } else if (g.node_count() > 1) {
       // Per NIC: every member on it sends (n - k) chunks out and receives as many.
       std::unordered_map<int64_t, double> out, in;
       for (const auto& nd : g.nodes) {

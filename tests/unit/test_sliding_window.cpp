@@ -7,6 +7,8 @@
 #include <string>
 
 #include "models/blocks/attention.hpp"
+#include "models/blocks/layer.hpp"
+#include "models/blocks/layer_kind.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
@@ -84,6 +86,29 @@ TEST(SlidingWindow, DeepEpDispatcherSendsFewerBytesAcrossNodesThanAllToAll) {
   const StepResult ana_deepep = simulate_step_analytic(deepep);
   EXPECT_LT(des_deepep.comm.at("EP").total_s, des_a2a.comm.at("EP").total_s);
   EXPECT_NEAR(ana_deepep.step_time_s / des_deepep.step_time_s, 1.0, 0.10);
+}
+
+// The closed-form count of layer kinds (no window, MoE by first_k_dense / layer_freq) is the
+// per-layer loop's.
+TEST(SlidingWindow, LayerKindCountsMatchThePerLayerKinds) {
+  for (int64_t fk : {0, 1, 3})
+    for (int64_t freq : {1, 2, 3})
+      for (bool mla : {false, true}) {
+        ModelSpec m;
+        m.layers = 61;
+        m.moe.num_experts = 8;
+        m.moe.router_topk = 2;
+        m.moe.moe_ffn_hidden = 64;
+        m.moe.first_k_dense = fk;
+        m.moe.layer_freq = freq;
+        if (mla) m.mla.kv_lora_rank = 16;
+        for (int64_t first : {0, 1, 2, 5, 30})
+          for (int64_t count : {0, 1, 4, 7, 31}) {
+            std::array<int64_t, blocks::kLayerKinds> loop{};
+            for (int64_t i = first; i < first + count; ++i) ++loop[static_cast<size_t>(blocks::layer_kind(m, i))];
+            EXPECT_EQ(blocks::layer_kind_counts(m, first, count), loop) << fk << " " << freq << " " << first << " " << count;
+          }
+      }
 }
 
 TEST(SlidingWindow, InputErrors) {

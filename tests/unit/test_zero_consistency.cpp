@@ -29,6 +29,7 @@
 #include "models/flops.hpp"
 #include "models/memory.hpp"
 #include "models/plan.hpp"
+#include "models/schedules/schedule.hpp"
 #include "models/sweep_spec.hpp"
 #include "sim/sweep/sweep.hpp"
 #include "tests/unit/shipped_files.hpp"
@@ -123,8 +124,15 @@ void check(const Experiment& e, const std::string& what, Tally& tally) {
     // Every micro-batch reduce-scatters every gradient that has a group to reduce over: the
     // routed experts' only when EDP > 1 (EDP = 1: one rank holds each expert, nothing to reduce).
     const double reduced_grads = (l.edp() > 1 ? params : params - expert) * bpp.grads;
-    const bool rs_every_mb =
-        std::all_of(c.rs_bytes.begin(), c.rs_bytes.end(), [&](double b) { return near(b, reduced_grads); });
+    // DualPipe (params_twice): a rank holds two model chunks and each micro-batch runs one of
+    // them, so it reduce-scatters that chunk's gradients; the two chunks' add up to all.
+    const bool two_chunks = sched::schedule_of(l.schedule).params_twice();
+    auto covers = [&](double b) {
+      if (near(b, reduced_grads)) return true;
+      if (!two_chunks) return false;
+      return std::any_of(c.rs_bytes.begin(), c.rs_bytes.end(), [&](double o) { return near(b + o, reduced_grads); });
+    };
+    const bool rs_every_mb = std::all_of(c.rs_bytes.begin(), c.rs_bytes.end(), covers);
     const bool grads_sharded = near(mb.grads_bytes, shard * bpp.grads);
     const bool grads_full = near(mb.grads_bytes, full_grads);
     ASSERT_TRUE(grads_sharded || grads_full) << mb.grads_bytes << " vs " << full_grads << " / " << n;
@@ -162,6 +170,16 @@ void check_stages(Experiment e, const std::string& what, Tally& tally, std::vect
   for (int z : stages) {
     e.layout.zero_stage = z;
     const std::string w = what + ", zero_stage=" + std::to_string(z) + ", framework=" + to_string(e.training.framework);
+    if (z == 3 && sched::schedule_of(e.layout.schedule).splits_backward()) {
+      // A schedule that splits backwards into B and W refuses ZeRO-3 (models/plan.hpp).
+      try {
+        validate_experiment(e);
+        ADD_FAILURE() << w << ": a B/W-split schedule with ZeRO-3 should be refused";
+      } catch (const InputError& err) {
+        EXPECT_NE(std::string(err.what()).find("layout.zero_stage=3"), std::string::npos) << err.what();
+      }
+      continue;
+    }
     if (z == 2 && e.training.framework == Framework::megatron) {
       try {
         validate_experiment(e);
