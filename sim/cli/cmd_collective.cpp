@@ -7,7 +7,9 @@
 // algbw = size / time; busbw = algbw x 2(n-1)/n (AllReduce), (n-1)/n (ReduceScatter,
 // AllGather, AllToAll), 1 (Broadcast, Reduce, SendRecv). dtsim prints one set of columns
 // (nccl-tests prints out-of-place and in-place; the simulation does not tell them apart)
-// and adds the algorithm and protocol chosen. The group is GPUs 0..N-1.
+// and adds the algorithm and protocol chosen. The group is GPUs 0..N-1. With an MoE experiment
+// file as --cluster, the AllToAll carries its token routing (model.moe), which --algo deepep
+// needs; sizes are then the per-rank buffer of one copy per expert, as the plan's.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -124,13 +126,16 @@ int collective_command(const CollectiveOptions& o) {
                      "-GPU limit (" + limits::kMaxGpusWhy + ")");
 
   ClusterSpec cluster;
+  collectives::TokenRouting routing;  // an MoE experiment's token routing (the deepep algorithm reads it)
   // A path (an existing file, or anything that looks like one) names an experiment file.
   const std::string ext = std::filesystem::path(o.cluster).extension().string();
   const bool from_file = std::filesystem::exists(o.cluster) || ext == ".yaml" || ext == ".yml" ||
                          o.cluster.find('/') != std::string::npos;
   if (from_file) {
     require_input_file(o.cluster);
-    cluster = load_experiment(o.cluster, o.sets).cluster;
+    const Experiment e = load_experiment(o.cluster, o.sets);
+    cluster = e.cluster;
+    routing = collectives::ep_token_routing(e);
     if (o.nodes > 0) throw InputError("--nodes applies to a preset; set cluster.nodes in " + o.cluster + " (or --set)");
   } else {
     if (!o.sets.empty()) throw InputError("--set applies to an experiment file given as --cluster, not to a preset");
@@ -165,6 +170,7 @@ int collective_command(const CollectiveOptions& o) {
     r.bytes = sizes[i];
     r.choice.algorithm = o.algo;
     r.choice.protocol = o.proto;
+    r.routing = routing;
     r.batch = static_cast<int>(i);
     runs.push_back(std::move(r));
   }
@@ -206,7 +212,8 @@ Command add_collective_command(CLI::App& app) {
                     "redop, root, time, algbw, busbw)");
   c->add_option("--op", o.op, "Collective: " + collectives::op_list())->capture_default_str();
   c->add_option("--cluster", o.cluster,
-                "Node preset (" + node_preset_list() + ") or an experiment file whose cluster section is used")
+                "Node preset (" + node_preset_list() +
+                    ") or an experiment file whose cluster section (and, for --algo deepep, MoE routing) is used")
       ->required()
       ->type_name("PRESET|EXP.yaml");
   c->add_option("-g,--gpus", o.gpus, "GPUs in the group (GPUs 0..N-1; default: every GPU of the cluster)");

@@ -102,6 +102,24 @@ TEST_F(CollectiveCli, ClusterFromAnExperimentFileWithOverrides) {
   EXPECT_NE(o.out.find("fabric leaf-spine"), std::string::npos) << o.out;
 }
 
+// An MoE experiment as --cluster gives the AllToAll its token routing: deepep runs (one copy
+// per node reached: faster than direct across nodes); on a bare preset it cannot.
+TEST_F(CollectiveCli, DeepEpTakesTheRoutingOfAnMoeExperiment) {
+  const std::string exp = (fs::path(DTSIM_SOURCE_DIR) / "experiments/validation/deepseek-v3-2048-h800.yaml").string();
+  const Outcome deepep = dtsim("collective --op alltoall --gpus 64 --cluster " + exp + " --algo deepep -b 256M -e 256M");
+  ASSERT_EQ(deepep.code, 0) << deepep.err;
+  const Outcome direct = dtsim("collective --op alltoall --gpus 64 --cluster " + exp + " --algo direct -b 256M -e 256M");
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  const auto d = rows(deepep.out), a = rows(direct.out);
+  ASSERT_EQ(d.size(), 1u);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(d[0][kAlgo], "deepep");
+  EXPECT_GT(std::stod(d[0][kBusbw]), 1.5 * std::stod(a[0][kBusbw]));
+  const Outcome bare = dtsim("collective --op alltoall --gpus 16 --cluster dgx-h800 --algo deepep -b 1M -e 1M");
+  EXPECT_EQ(bare.code, 2);
+  EXPECT_NE(bare.err.find("deepep needs the token routing"), std::string::npos) << bare.err;
+}
+
 TEST_F(CollectiveCli, BadInputsAreInputErrors) {
   const Outcome op = dtsim("collective --op scan --cluster dgx-h100 --gpus 8");
   EXPECT_EQ(op.code, 2);
