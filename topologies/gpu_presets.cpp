@@ -171,8 +171,8 @@ const std::vector<Entry>& registry() {
        // to 400 GB/s bidirectional, dgx-h800 in topologies/node_presets.cpp). Every compute
        // figure is the H100-SXM5-80GB preset's (hardware.csv "H800 SXM" lists only its
        // NVLink; DeepSeek-V3 report arXiv 2412.19437 Sec 3.1 trains on "H800 GPUs").
-      GpuSpec g = v[1].spec;
-      g.name = "H800-SXM5-80GB";
+      GpuSpec g = v[1].spec;  // H100-SXM5-80GB: every figure and its source as cited there
+      g.name = "H800-SXM5-80GB";  // NVIDIA's SKU name (hardware.csv "H800 SXM")
       v.push_back({g});
     }
     return v;

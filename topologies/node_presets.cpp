@@ -185,7 +185,7 @@ const std::vector<NodePreset>& registry() {
     {
       // DGX / HGX H800 (DeepSeek-V3's cluster, arXiv 2412.19437 Sec 3.1: 8 GPUs per node on
       // NVLink and NVSwitch, InfiniBand across nodes; DeepEP's benchmark machine).
-      NodePreset n = v[1];  // dgx-h100
+      NodePreset n = v[1];  // dgx-h100: NVLink latency, NICs and reserve with the sources cited there
       n.name = "dgx-h800";
       n.gpu = "H800-SXM5-80GB";
       // 400 GB/s bidirectional = 200 GB/s per direction; measured ~160 GB/s unidirectional
