@@ -79,13 +79,20 @@ struct MlaSpec {
   bool enabled() const { return kv_lora_rank > 0; }
 };
 
-/// Local (sliding-window) attention: model.attention. window 0 = every layer attends to the
-/// whole causal context. Layer i uses the window when window_pattern is empty or
-/// window_pattern[i % size] != 0 (GPT-OSS alternates sliding and full: [1, 0]; Mistral 7B
-/// slides in every layer).
+/// Local attention: model.attention. window 0 = every layer attends to the whole causal
+/// context. Layer i uses the window when window_pattern is empty or window_pattern[i % size]
+/// != 0 (GPT-OSS alternates sliding and full: [1, 0]; Mistral 7B slides in every layer;
+/// Llama 4 chunks three layers of four: [1, 1, 1, 0]).
+///   sliding (chunked false): a query attends to the `window` latest tokens, itself included
+///     (Mistral 7B, arXiv 2310.06825 Sec 2; GPT-OSS model card Sec 2.1);
+///   chunked (chunked true): the sequence is cut into chunks of `window` tokens and a query
+///     attends causally within its own chunk (Llama 4's attention_chunk_size: transformers
+///     models/llama4/modeling_llama4.py, the chunked causal mask of its "chunked_attention"
+///     layers).
 struct AttentionWindow {
-  int64_t window = 0;               // tokens a query attends to (itself included)
+  int64_t window = 0;               // tokens: the sliding window or the chunk
   std::vector<uint8_t> window_pattern;
+  bool chunked = false;
   /// Learned per-head attention sinks (GPT-OSS: one logit per head added to the softmax
   /// denominator): heads parameters per layer, negligible FLOPs.
   bool sinks = false;

@@ -91,7 +91,7 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "router_score_function", "router_enable_expert_bias", "router_num_groups", "router_group_topk",
         "capacity_factor", "pad_to_capacity", "load_balancing", "load_imbalance"}},
       {"model.mla", {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}},
-      {"model.attention", {"window", "window_pattern", "sinks"}},
+      {"model.attention", {"window", "window_pattern", "chunked", "sinks"}},
       {"cluster",
        {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
         "collectives", "hbm_reserve"}},
@@ -355,6 +355,12 @@ struct ModelDraft {
   std::string hf_where;
   std::optional<int64_t> hf_sliding_window;
   int64_t hf_window_from_layer = 0;  // Qwen: the first windowed layer (max_window_layers)
+  // layer_types (or the family's default list): 1 for a local layer, one entry per layer of
+  // the file; empty: the family's from-layer rule. `hf_window_chunked`: Llama 4 chunks.
+  std::vector<uint8_t> hf_window_layers;
+  bool hf_window_periodic = false;  // hf_window_layers repeats (a family default), else one per layer
+  bool hf_window_chunked = false;
+  bool sinks = false;  // GPT-OSS: learned attention sinks in every layer
   std::optional<bool> hf_attention_bias, hf_mlp_bias;
 };
 
@@ -402,6 +408,7 @@ class HfReader {
     return std::nullopt;
   }
   bool contains(const std::string& key) const { return j_.contains(key); }
+  const nlohmann::json& json() const { return j_; }
   /// The key is present with the value null.
   bool is_null(const std::string& key) const { return j_.contains(key) && j_[key].is_null(); }
   std::optional<Activation> activation(const std::string& key, bool gated_family) {
@@ -431,7 +438,8 @@ class HfReader {
 };
 
 const char* const kSupportedModelTypes =
-    "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt2, gpt_neox";
+    "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4, "
+    "llama4_text, gpt2, gpt_neox";
 
 std::optional<HfFamily> detect_family(HfReader& r, const nlohmann::json& j) {
   if (j.contains("model_type") && j["model_type"].is_string()) {
@@ -443,6 +451,8 @@ std::optional<HfFamily> detect_family(HfReader& r, const nlohmann::json& j) {
     if (t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2") return HfFamily::deepseek;
     if (t == "gpt2") return HfFamily::gpt2;
     if (t == "gpt_neox") return HfFamily::neox;
+    if (t == "gpt_oss") return HfFamily::gpt_oss;
+    if (t == "llama4" || t == "llama4_text") return HfFamily::llama4;
     r.add("model_type=" + quote(t) + " is not supported (supported: " + kSupportedModelTypes + ")");
     return std::nullopt;
   }
@@ -485,8 +495,43 @@ void read_llama_like(HfReader& r, ModelDraft& d) {
 // the others derive it (MixtralConfig and Qwen3MoeConfig: head_dim None / absent).
 void read_head_dim(HfReader& r, ModelDraft& d, const std::string& type) {
   auto hd = r.integer("head_dim");
-  if (!hd && type == "qwen3" && !r.contains("head_dim")) hd = 128;
+  // Qwen3Config 128, GptOssConfig 64, Llama4TextConfig 128 when the key is absent.
+  if (!hd && !r.contains("head_dim")) {
+    if (type == "qwen3" || type == "llama4_text" || type == "llama4") hd = 128;
+    if (type == "gpt_oss") hd = 64;
+  }
   if (hd && !(d.hidden && d.heads && *d.heads > 0 && *hd * *d.heads == *d.hidden)) d.head_dim = hd;
+}
+
+// layer_types (transformers configuration_utils.py layer_type_validation): one entry per layer,
+// "full_attention" or the family's local kind (`local`: "sliding_attention", Llama 4
+// "chunked_attention"). Returns 1 per local layer; nullopt when absent or null. Any other kind
+// (linear attention, ...) is not modelled.
+std::optional<std::vector<uint8_t>> read_layer_types(HfReader& r, const std::string& local) {
+  if (!r.contains("layer_types") || r.is_null("layer_types")) return std::nullopt;
+  const nlohmann::json& v = r.json()["layer_types"];
+  std::vector<uint8_t> out;
+  bool ok = v.is_array();
+  if (ok)
+    for (const auto& t : v) {
+      const std::string kind = t.is_string() ? t.get<std::string>() : t.dump();
+      if (kind != "full_attention" && kind != local) {
+        r.add("\"layer_types\" has " + quote(kind) + ": only \"full_attention\" and " + quote(local) +
+              " layers are modelled in this family");
+        return std::nullopt;
+      }
+      out.push_back(kind == local ? 1 : 0);
+    }
+  if (!ok) {
+    r.add("\"layer_types\"=" + v.dump() + " is not a list of layer kinds");
+    return std::nullopt;
+  }
+  if (auto n = r.integer("num_hidden_layers"); n && *n != static_cast<int64_t>(out.size())) {
+    r.add("\"layer_types\" has " + std::to_string(out.size()) + " entries; \"num_hidden_layers\"=" + std::to_string(*n) +
+          " needs one per layer");
+    return std::nullopt;
+  }
+  return out;
 }
 
 // Sliding-window attention: MistralConfig's default window is 4096 when the key is absent
@@ -503,6 +548,14 @@ void read_sliding_window(HfReader& r, ModelDraft& d, const std::string& type) {
   // Qwen2/Qwen3 (transformers Qwen2Config layer_types): layer i slides when i >=
   // max_window_layers (default 28); Mistral and Mixtral slide in every layer.
   if (is_qwen && d.hf_sliding_window) d.hf_window_from_layer = positive_or(r, "max_window_layers", 28);
+  // transformers 4.53+ writes the per-layer list (Qwen2Config / Qwen3Config layer_types); it
+  // replaces the max_window_layers rule.
+  if (auto types = read_layer_types(r, "sliding_attention")) {
+    d.hf_window_layers = *types;
+    if (!d.hf_sliding_window && std::find(types->begin(), types->end(), 1) != types->end())
+      r.add("\"layer_types\" has \"sliding_attention\" layers but no sliding window is in effect (\"sliding_window\" " +
+            std::string(is_qwen ? "null or \"use_sliding_window\" false" : "null or absent") + ")");
+  }
 }
 
 // A positive integer key, or its transformers default when absent or null.
@@ -663,6 +716,101 @@ void read_deepseek(HfReader& r, ModelDraft& d, const std::string& type) {
   d.moe_layer = [first = e.first_k_dense, freq](int64_t i) { return i >= first && i % freq == 0; };
 }
 
+// transformers configuration_gpt_oss.py (GptOssConfig) and modeling_gpt_oss.py: every layer's
+// MLP is a sparse block (GptOssMLP) of num_local_experts experts of intermediate_size, the top
+// num_experts_per_tok of a router whose softmax runs over the selected logits
+// (GptOssTopKRouter); the experts' SwiGLU is clamped (swiglu_limit, swiglu_alpha: values, not
+// cost). Every attention layer has learned sinks (GptOssAttention.sinks, one logit per head)
+// and the layers that layer_types marks "sliding_attention" (GptOssConfig default: the even
+// layers) attend to the last sliding_window tokens. The linear biases (attention_bias, default
+// True; the experts' gate_up / down biases and the router's) are vectors, 0.01% of
+// GPT-OSS-120B's parameters and element-wise FLOPs, left out as Qwen2's qkv_bias is.
+// OpenAI's config.json also spells the top-k experts_per_token, and the expert count may be
+// num_experts (GptOssConfig.attribute_map). Defaults: 128 experts, top-4, 8 key/value heads,
+// head_dim 64, window 128, tie_word_embeddings False.
+void read_gpt_oss(HfReader& r, ModelDraft& d) {
+  MoeSpec e;
+  const auto local = r.integer("num_local_experts"), alias = r.integer("num_experts");
+  if (local && alias && *local != *alias)
+    r.add("\"num_local_experts\"=" + std::to_string(*local) + " and \"num_experts\"=" + std::to_string(*alias) +
+          " name the same count (GptOssConfig.attribute_map) and differ");
+  e.num_experts = positive_or(r, local || !alias ? "num_local_experts" : "num_experts", 128);
+  const auto topk = r.integer("num_experts_per_tok"), topk2 = r.integer("experts_per_token");
+  if (topk && topk2 && *topk != *topk2)
+    r.add("\"num_experts_per_tok\"=" + std::to_string(*topk) + " and \"experts_per_token\"=" + std::to_string(*topk2) +
+          " name the same top-k and differ");
+  e.router_topk = positive_or(r, topk || !topk2 ? "num_experts_per_tok" : "experts_per_token", 4);
+  e.router_score = RouterScore::softmax;
+  d.moe = e;
+  d.moe_ffn_is_ffn_hidden = true;  // the experts are intermediate_size wide
+  if (!d.kv_heads && !r.contains("num_key_value_heads")) d.kv_heads = 8;
+  d.hf_attention_bias.reset();  // the biases are left out (above), not a modelling error
+  d.hf_mlp_bias.reset();
+  d.sinks = true;
+  d.hf_sliding_window = r.contains("sliding_window") ? r.integer("sliding_window") : std::optional<int64_t>(128);
+  if (auto types = read_layer_types(r, "sliding_attention")) {
+    d.hf_window_layers = *types;
+  } else {
+    d.hf_window_layers = {1, 0};  // (i + 1) % 2: even layers slide
+    d.hf_window_periodic = true;
+  }
+}
+
+// Llama 4 (transformers configuration_llama4.py Llama4TextConfig, modeling_llama4.py). A
+// layer is MoE when its index is in moe_layers (default: every interleave_moe_layer_step-th
+// layer, the first at step - 1; Scout 1, Maverick 2): num_local_experts SwiGLU experts of
+// intermediate_size, the top num_experts_per_tok by a sigmoid of the router logits
+// (Llama4Router), and a shared expert of intermediate_size beside them (Llama4TextMoe);
+// the other layers have a dense MLP of intermediate_size_mlp. The layers that layer_types
+// marks "chunked_attention" (default: the RoPE layers of no_rope_layers, else all but every
+// no_rope_layer_interval-th: three of four) attend within chunks of attention_chunk_size
+// tokens. use_qk_norm (an L2 norm of q and k), attn_temperature_tuning / floor_scale /
+// attn_scale (a per-position scale of the NoPE layers' queries): element-wise, values.
+// Defaults: 16 experts, top-1, 8192 / 16384, 8 key/value heads, head_dim 128, chunk 8192.
+void read_llama4(HfReader& r, ModelDraft& d) {
+  d.ffn_hidden = r.contains("intermediate_size_mlp") ? r.integer("intermediate_size_mlp") : std::optional<int64_t>(16384);
+  d.json_key["ffn_hidden"] = "intermediate_size_mlp";
+  if (!d.kv_heads && !r.contains("num_key_value_heads")) d.kv_heads = 8;
+  MoeSpec e;
+  e.num_experts = positive_or(r, "num_local_experts", 16);
+  e.router_topk = positive_or(r, "num_experts_per_tok", 1);
+  e.moe_ffn_hidden = positive_or(r, "intermediate_size", 8192);
+  e.shared_expert_ffn_hidden = e.moe_ffn_hidden;
+  e.router_score = RouterScore::sigmoid;
+  d.moe = e;
+  const int64_t layers = d.layers.value_or(0);
+  if (auto list = r.integer_list("moe_layers")) {
+    std::set<int64_t> moe(list->begin(), list->end());
+    for (int64_t i : moe)
+      if (i < 0 || (layers > 0 && i >= layers))
+        r.add("\"moe_layers\" has " + std::to_string(i) + ", not a layer index of \"num_hidden_layers\"=" +
+              std::to_string(layers));
+    d.moe_layer = [moe](int64_t i) { return moe.count(i) > 0; };
+  } else {
+    const int64_t step = positive_or(r, "interleave_moe_layer_step", 1);
+    d.moe_layer = [step](int64_t i) { return (i + 1) % step == 0; };
+  }
+  d.hf_sliding_window = r.contains("attention_chunk_size") ? r.integer("attention_chunk_size") : std::optional<int64_t>(8192);
+  d.hf_window_chunked = true;
+  if (auto types = read_layer_types(r, "chunked_attention")) {
+    d.hf_window_layers = *types;
+    return;
+  }
+  if (auto rope = r.integer_list("no_rope_layers"); rope && !rope->empty()) {
+    if (layers > 0 && static_cast<int64_t>(rope->size()) < layers) {
+      r.add("\"no_rope_layers\" has " + std::to_string(rope->size()) + " entries; \"num_hidden_layers\"=" +
+            std::to_string(layers) + " needs at least one per layer");
+      return;
+    }
+    for (size_t i = 0; i < rope->size() && (layers <= 0 || static_cast<int64_t>(i) < layers); ++i)
+      d.hf_window_layers.push_back((*rope)[i] != 0 ? 1 : 0);
+    return;
+  }
+  const int64_t interval = positive_or(r, "no_rope_layer_interval", 4);
+  for (int64_t i = 0; i < interval; ++i) d.hf_window_layers.push_back((i + 1) % interval != 0 ? 1 : 0);
+  d.hf_window_periodic = true;
+}
+
 // Fills `d` from a config.json. Returns false when the file cannot be used at all.
 bool read_hf_config(Context& ctx, const std::string& key_path, const std::string& value,
                     const std::string& base_dir, ModelDraft& d) {
@@ -689,17 +837,30 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
     ctx.fail("model", where + ": " + file.string() + " is not a JSON object");
     return false;
   }
-  HfReader r(ctx, j, where);
-  const auto family = detect_family(r, j);
+  HfReader outer(ctx, j, where);
+  const auto family = detect_family(outer, j);
   if (!family) return false;
-  // Keys dtsim neither reads nor knows to be harmless, and unmodelled features that are on.
-  for (const auto& msg : hf_key_problems(j, *family)) r.add(msg);
-  d.hf_where = where;
   const std::string type =
       j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
+  // Llama 4's published files are Llama4Config: the text decoder's keys in text_config, the
+  // image encoder in vision_config, which dtsim does not simulate (a text-only step never runs
+  // it); the model's name says that only the text decoder is modelled.
+  const bool vlm = *family == HfFamily::llama4 && type == "llama4";
+  if (vlm && !(j.contains("text_config") && j["text_config"].is_object())) {
+    outer.add("model_type \"llama4\" needs \"text_config\", an object with the text decoder's keys");
+    return false;
+  }
+  const nlohmann::json& body = vlm ? j["text_config"] : j;
+  // Keys dtsim neither reads nor knows to be harmless, and unmodelled features that are on.
+  for (const auto& msg : hf_key_problems(j, vlm ? HfKeyFamily::llama4_vlm : *family)) outer.add(msg);
+  if (vlm)
+    for (const auto& msg : hf_key_problems(body, *family)) outer.add("text_config: " + msg);
+  HfReader r(ctx, body, vlm ? where + " text_config" : where);
+  d.hf_where = where;
 
-  d.name = r.text("_name_or_path");
+  d.name = outer.text("_name_or_path");
   if (!d.name || d.name->empty()) d.name = file.stem().string();
+  if (vlm) *d.name += " (text_config)";
 
   switch (*family) {
     case HfFamily::llama:  // Llama, Mistral, Qwen2, Qwen3 (transformers LlamaConfig key names)
@@ -723,6 +884,18 @@ bool read_hf_config(Context& ctx, const std::string& key_path, const std::string
     case HfFamily::deepseek:
       read_llama_like(r, d);
       read_deepseek(r, d, type);
+      break;
+    case HfFamily::gpt_oss:
+      read_llama_like(r, d);
+      read_head_dim(r, d, type);
+      read_gpt_oss(r, d);
+      break;
+    case HfFamily::llama4:
+      read_llama_like(r, d);
+      read_head_dim(r, d, type);
+      read_llama4(r, d);
+      break;
+    case HfFamily::llama4_vlm:  // never detected: a llama4 file reads as llama4 (text_config)
       break;
     case HfFamily::gpt2:  // transformers GPT2Config
       d.json_key = {{"layers", "n_layer"}, {"hidden", "n_embd"}, {"heads", "n_head"}, {"vocab", "vocab_size"}};
@@ -775,6 +948,10 @@ struct SlidingWindow {
   std::string where;  // hf_config="..."
   std::optional<int64_t> window;
   int64_t from_layer = 0;  // layers before it attend in full
+  // Per-layer flags (layer_types, a family default): one per layer, or repeating (`periodic`).
+  std::vector<uint8_t> layers;
+  bool periodic = false;
+  bool chunked = false;  // Llama 4: chunks of `window` tokens
 };
 
 // A list of 0 / 1 flags (model.moe.layer_freq, model.attention.window_pattern); `count` > 0:
@@ -939,11 +1116,13 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
       if (!q.has("kv_lora_rank") && !d.mla) q.require("kv_lora_rank");
     }
   }
+  m.attention.sinks = d.sinks;  // the config.json's; model.attention.sinks overrides it
   if (r.has("attention")) {
     Reader q(r.ctx(), r.child("attention"), r.path("attention"));
     if (q.check_map()) {
       set_if(m.attention.window, q.integer("window"));
       set_if(m.attention.sinks, q.boolean("sinks"));
+      set_if(m.attention.chunked, q.boolean("chunked"));
       if (q.has("window_pattern")) m.attention.window_pattern = read_flags(q, "window_pattern", 0);
     }
   }
@@ -965,7 +1144,10 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
                               to_string(m.activation) + " is not modelled (dtsim gives " +
                               (biased ? "every GEMM of a GeLU model a bias" : "the GEMMs of a SwiGLU model no bias") +
                               ", models/flops.cpp has_linear_biases)");
-  if (from_hf) sliding = {d.hf_where, d.hf_sliding_window, d.hf_window_from_layer};
+  if (from_hf) {
+    sliding = {d.hf_where, d.hf_sliding_window, d.hf_window_from_layer, d.hf_window_layers, d.hf_window_periodic,
+               d.hf_window_chunked};
+  }
   return m;
 }
 
@@ -1699,9 +1881,22 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   // sees every earlier token); a shorter one becomes model.attention.window (and its pattern).
   if (sliding.window && !ctx.bad().count("model") && !ctx.bad().count("training") &&
       !ctx.bad().count("training.seq_len") && e.training.seq_len > *sliding.window) {
+    const char* key = sliding.chunked ? "\"attention_chunk_size\"" : "\"sliding_window\"";
+    const bool any_local = std::find(sliding.layers.begin(), sliding.layers.end(), 1) != sliding.layers.end();
     if (e.model.attention.window > 0) {
-      ctx.fail("model", sliding.where + ": \"sliding_window\"=" + std::to_string(*sliding.window) +
+      ctx.fail("model", sliding.where + ": " + key + "=" + std::to_string(*sliding.window) +
                             " and model.attention.window both set the window: keep one");
+    } else if (!sliding.layers.empty()) {
+      if (!sliding.periodic && static_cast<int64_t>(sliding.layers.size()) != e.model.layers)
+        ctx.fail("model", sliding.where + ": its per-layer attention kinds (layer_types) list " +
+                              std::to_string(sliding.layers.size()) + " layers; model.layers=" +
+                              std::to_string(e.model.layers) + " needs one per layer (give model.attention instead)");
+      else if (any_local) {
+        e.model.attention.window = *sliding.window;
+        e.model.attention.chunked = sliding.chunked;
+        if (std::find(sliding.layers.begin(), sliding.layers.end(), 0) != sliding.layers.end())
+          e.model.attention.window_pattern = sliding.layers;
+      }
     } else if (sliding.from_layer < e.model.layers) {  // else no layer slides (Qwen: max_window_layers)
       e.model.attention.window = *sliding.window;
       if (sliding.from_layer > 0) {

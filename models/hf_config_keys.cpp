@@ -12,6 +12,11 @@
 //   DeepSeek's own configuration_deepseek.py (the remote code named by the auto_map of the
 //   deepseek-ai/DeepSeek-V2 / DeepSeek-V3 and moonshotai/Kimi-K2 config.json files: scoring_func,
 //   topk_method, moe_layer_freq, ep_size, aux_loss_alpha, seq_aux, num_nextn_predict_layers)
+//   transformers src/transformers/models/gpt_oss/configuration_gpt_oss.py (GptOssConfig) and
+//   OpenAI's openai/gpt-oss-20b / gpt-oss-120b config.json (experts_per_token,
+//   initial_context_length)
+//   transformers src/transformers/models/llama4/configuration_llama4.py (Llama4Config,
+//   Llama4TextConfig)
 //   transformers src/transformers/models/gpt2/configuration_gpt2.py (GPT2Config)
 //   transformers src/transformers/models/gpt_neox/configuration_gpt_neox.py (GPTNeoXConfig)
 #include "models/hf_config_keys.hpp"
@@ -112,6 +117,43 @@ const Keys kDeepseekKeys = {
     "routed_scaling_factor", "norm_topk_prob", "aux_loss_alpha", "seq_aux", "ep_size", "rope_scaling",
     "rope_theta", "rope_parameters", "rope_interleave", "rms_norm_eps", "quantization_config", "pretraining_tp",
     "attention_dropout"};
+// GptOssConfig and OpenAI's config.json (models/experiment_io.cpp read_gpt_oss).
+const Keys kGptOssKeys = {
+    // read
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings", "head_dim", "num_local_experts",
+    "num_experts", "num_experts_per_tok", "experts_per_token", "sliding_window", "layer_types",
+    // harmless:
+    //  - attention_bias: the q/k/v/o bias vectors (with the experts' and the router's), left
+    //    out as Qwen2's qkv_bias (read_gpt_oss);
+    //  - swiglu_limit, swiglu_alpha: the clamp and gain of the experts' SwiGLU (values);
+    //  - initial_context_length, rope_scaling, rope_parameters, rope_theta: YaRN RoPE numerics;
+    //  - quantization_config: the published checkpoint's MXFP4 expert weights, not the training
+    //    precision (training.dtype);
+    //  - rms_norm_eps, attention_dropout, router_aux_loss_coef, output_router_logits.
+    "attention_bias", "swiglu_limit", "swiglu_alpha", "initial_context_length", "rope_scaling", "rope_parameters",
+    "rope_theta", "quantization_config", "rms_norm_eps", "attention_dropout", "router_aux_loss_coef",
+    "output_router_logits"};
+// Llama4TextConfig (the text decoder; models/experiment_io.cpp read_llama4).
+const Keys kLlama4Keys = {
+    // read
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "intermediate_size_mlp", "vocab_size", "hidden_act", "tie_word_embeddings", "max_position_embeddings",
+    "head_dim", "num_local_experts", "num_experts_per_tok", "moe_layers", "interleave_moe_layer_step",
+    "attention_chunk_size", "layer_types", "no_rope_layers", "no_rope_layer_interval",
+    // checked against the final model by the reader
+    "attention_bias",
+    // harmless: use_qk_norm (an L2 norm of q and k), attn_temperature_tuning / floor_scale /
+    // attn_scale (a per-position query scale of the NoPE layers): element-wise values; RoPE
+    // numerics, RMSNorm epsilon, dropout, the router's balance loss weight, jitter and output
+    // switch
+    "use_qk_norm", "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_scaling", "rope_parameters",
+    "rope_theta", "rms_norm_eps", "attention_dropout", "router_aux_loss_coef", "router_jitter_noise",
+    "output_router_logits"};
+// Llama4Config, the multimodal wrapper: the text decoder in text_config (read); the image
+// encoder in vision_config and the image token ids, which a text-only step never uses.
+const Keys kLlama4VlmKeys = {"text_config", "vision_config", "boi_token_index", "eoi_token_index",
+                             "image_token_index", "tie_word_embeddings"};
 const Keys kGpt2Keys = {
     // read
     "n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "activation_function", "tie_word_embeddings",
@@ -141,6 +183,9 @@ const Keys& family_keys(HfKeyFamily family) {
     case HfKeyFamily::deepseek: return kDeepseekKeys;
     case HfKeyFamily::gpt2: return kGpt2Keys;
     case HfKeyFamily::neox: return kNeoxKeys;
+    case HfKeyFamily::gpt_oss: return kGptOssKeys;
+    case HfKeyFamily::llama4: return kLlama4Keys;
+    case HfKeyFamily::llama4_vlm: return kLlama4VlmKeys;
   }
   return kLlamaKeys;
 }
@@ -152,6 +197,8 @@ const char* own_expert_count(HfKeyFamily family) {
     case HfKeyFamily::qwen2_moe:
     case HfKeyFamily::qwen3_moe: return "num_experts";
     case HfKeyFamily::deepseek: return "n_routed_experts";
+    case HfKeyFamily::gpt_oss:
+    case HfKeyFamily::llama4: return "num_local_experts";
     default: return "";
   }
 }
@@ -173,6 +220,9 @@ const char* hf_family_model_types(HfKeyFamily family) {
     case HfKeyFamily::deepseek: return "deepseek_v2, deepseek_v3, kimi_k2";
     case HfKeyFamily::gpt2: return "gpt2";
     case HfKeyFamily::neox: return "gpt_neox";
+    case HfKeyFamily::gpt_oss: return "gpt_oss";
+    case HfKeyFamily::llama4: return "llama4_text";
+    case HfKeyFamily::llama4_vlm: return "llama4";
   }
   return "";
 }
@@ -187,11 +237,13 @@ std::vector<std::string> hf_key_problems(const nlohmann::json& config, HfKeyFami
     const std::string shown = "\"" + key + "\"=" + v.dump();
     if (key == "num_local_experts" || key == "num_experts" || key == "n_routed_experts") {
       if (key == own_count) continue;  // read
+      if (family == HfKeyFamily::gpt_oss && key == "num_experts") continue;  // GptOssConfig.attribute_map
       if (active_count(v))
         out.push_back(shown + ": model_type " + family_name +
                       (own_count.empty() ? std::string(" has dense MLPs") : " reads its experts from \"" + own_count + "\"") +
                       " and its transformers model ignores this key (mixture-of-experts config.json files are read "
-                      "for model_type mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 and kimi_k2): fix "
+                      "for model_type mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss and "
+                      "llama4): fix "
                       "model_type or remove the key");
       continue;
     }
@@ -203,6 +255,9 @@ std::vector<std::string> hf_key_problems(const nlohmann::json& config, HfKeyFami
       if (non_empty(v)) out.push_back(shown + ": pruned attention heads are not modelled (every layer has all heads)");
       continue;
     }
+    if (key == "layer_types" && family != HfKeyFamily::deepseek && family != HfKeyFamily::gpt2 &&
+        family != HfKeyFamily::neox && family != HfKeyFamily::llama4_vlm)
+      continue;  // the reader reads it (models/experiment_io.cpp read_layer_types)
     if (key == "layer_types") {
       bool all_full = v.is_array();
       if (v.is_array())

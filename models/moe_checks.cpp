@@ -38,6 +38,8 @@ void check_moe(const Experiment& e, ProblemList& p) {
             "v_head_dim (remove model.head_dim)");
   }
   if (m.attention.window < 0) p.add("model.attention.window=" + s(m.attention.window) + " must be positive");
+  if (m.attention.chunked && m.attention.window <= 0)
+    p.add("model.attention.chunked needs model.attention.window (the chunk length in tokens)");
   if (m.attention.window > 0) {
     if (!e.training.flash_attention)
       p.add("model.attention.window needs training.flash_attention: the unfused path computes every score of the "

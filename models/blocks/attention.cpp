@@ -1,6 +1,7 @@
 #include "models/blocks/attention.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "models/blocks/norm.hpp"
 #include "models/compute_cost.hpp"
@@ -11,8 +12,13 @@ double window_keys(const ModelSpec& m, double s_kv) {
   return m.attention.window > 0 ? std::min(s_kv, static_cast<double>(m.attention.window)) : s_kv;
 }
 
-double window_work(double window, double S) {
+double window_work(double window, double S, bool chunked) {
   if (window <= 0 || window >= S) return 1.0;
+  if (chunked) {
+    const double n = std::floor(S / window), r = S - n * window;
+    const double pairs = n * window * (window + 1.0) / 2.0 + r * (r + 1.0) / 2.0;
+    return pairs / (S * window) / kFlashCausalWork;
+  }
   return (1.0 - (window - 1.0) / (2.0 * S)) / kFlashCausalWork;
 }
 
@@ -25,7 +31,7 @@ CoreShape dense_core_shape(const BlockContext& c, bool windowed) {
   const double keys = windowed ? window_keys(c.m, S) : S;
   // 2 x tokens x keys x (heads head_dim) for Q K^T and again for A V (forward_flops below).
   a.scores_flops = a.values_flops = 2.0 * c.b * c.s * keys * a.q;
-  if (windowed) a.work = window_work(static_cast<double>(c.m.attention.window), S);
+  if (windowed) a.work = window_work(static_cast<double>(c.m.attention.window), S, c.m.attention.chunked);
   return a;
 }
 

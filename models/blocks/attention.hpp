@@ -32,14 +32,19 @@ struct CoreShape {
 /// Keys each query of a sliding-window layer is counted with: min(window, s_kv) (the
 /// counting convention of flops.hpp, which counts causal attention in full: s_kv keys).
 double window_keys(const ModelSpec& m, double s_kv);
-/// FlashAttention work of a sliding-window layer of window w over a sequence of S, relative
-/// to a causal layer's, each against its own counted FLOPs: a query at position i attends
-/// to min(i + 1, w) keys, sum_i = S w - w (w - 1) / 2 of the counted S w, i.e.
-/// 1 - (w - 1) / (2 S), against the causal half (compute_cost.hpp kFlashCausalWork; the
-/// kernel skips the key blocks outside the band as it skips those above the diagonal:
-/// Dao 2023, FlashAttention-2 Sec 3.1.1, "local" attention of its window_size argument).
-/// 1 when w >= S.
-double window_work(double window, double S);
+/// FlashAttention work of a local-attention layer of window w over a sequence of S, relative
+/// to a causal layer's, each against its own counted FLOPs (S w counted pairs, window_keys):
+///   sliding: a query at position i attends to min(i + 1, w) keys, sum_i = S w - w (w - 1) / 2,
+///     i.e. 1 - (w - 1) / (2 S) of the counted pairs (the kernel skips the key blocks outside
+///     the band as it skips those above the diagonal: Dao 2023, FlashAttention-2 Sec 3.1.1,
+///     "local" attention of its window_size argument);
+///   chunked: n = floor(S / w) full chunks and a last one of r = S - n w tokens, each causal,
+///     n w (w + 1) / 2 + r (r + 1) / 2 pairs (a block-diagonal causal mask whose empty blocks a
+///     block-sparse kernel skips: Dong et al. 2024, "Flex Attention: A Programming Model for
+///     Generating Optimized Attention Kernels", arXiv 2412.05496, block masks);
+/// each divided by the causal layer's fraction (compute_cost.hpp kFlashCausalWork). 1 when
+/// w >= S.
+double window_work(double window, double S, bool chunked = false);
 
 /// The dense core of the context's model (heads, kv_heads, head_dim): its FLOPs from the
 /// model (2 b s S q each, S = seq_len, or window_keys for a `windowed` layer).

@@ -801,8 +801,8 @@ TEST(ExperimentIoHf, BadFiles) {
     const auto ps = problems(hf_yaml("  hf_config: t5.json\n"), {}, d.path().string());
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: model.hf_config=\"t5.json\": model_type=\"t5\" is not supported (supported: llama, "
-                     "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt2, "
-                     "gpt_neox)");
+                     "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, "
+                     "llama4, llama4_text, gpt2, gpt_neox)");
   }
   {
     d.write("relu.json", R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,

@@ -179,8 +179,11 @@ TEST(StrictHf, OtherUnmodelledFeatures) {
     EXPECT_TRUE(contains(ps[0], words)) << ps[0];
   }
   // Inactive values are fine.
-  d.write("ok.json", llama_with("\"add_cross_attention\": false, \"pruned_heads\": {}, \"layer_types\": "
-                                "[\"full_attention\"]"));
+  // (layer_types: one entry per layer, as transformers' layer_type_validation requires.)
+  std::string all_full;
+  for (int i = 0; i < 32; ++i) all_full += std::string(i ? ", " : "") + "\"full_attention\"";
+  d.write("ok.json", llama_with("\"add_cross_attention\": false, \"pruned_heads\": {}, \"layer_types\": [" +
+                                all_full + "]"));
   EXPECT_TRUE(problems(hf_yaml(d.path() / "ok.json")).empty()) << dump(problems(hf_yaml(d.path() / "ok.json")));
   // GPT-NeoX MLPs are not gated: silu there is not SwiGLU.
   d.write("neox.json", R"({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 256,
