@@ -35,10 +35,16 @@ namespace dtsim {
 /// thread shows can be worse, are not modelled).
 inline constexpr double kNcclBlocks = 24;
 
-/// Compute speed factor while communication overlaps (1 when off or no SM count).
-inline double comm_overlap_speed(const GpuSpec& gpu, bool interference) {
-  if (!interference || gpu.sm_count <= 0) return 1.0;
-  return 1.0 - kNcclBlocks / static_cast<double>(gpu.sm_count);
+/// SMs a collective's kernel holds (Op::comm_sms; 0 = NCCL's kNcclBlocks).
+inline double comm_kernel_sms(const Op& op) { return op.comm_sms > 0 ? op.comm_sms : kNcclBlocks; }
+
+/// Compute speed factor while communication kernels holding `sms` SMs overlap it (1 when
+/// off or no SM count): 1 - sms / sm_count. When several run at once the engines take the
+/// largest holder's (each kernel's channels share the same SMs' spare capacity; NCCL's
+/// default channel count is what one collective takes).
+inline double comm_overlap_speed(const GpuSpec& gpu, bool interference, double sms = kNcclBlocks) {
+  if (!interference || gpu.sm_count <= 0 || sms <= 0) return 1.0;
+  return std::max(0.0, 1.0 - sms / static_cast<double>(gpu.sm_count));
 }
 
 /// Work factor of FlashAttention's causal skipping (see above).

@@ -278,6 +278,12 @@ struct Training {
   /// (deepep and hybridep run the EP AllToAll as sim/collectives/alltoall_deepep.cpp: once per
   /// node over RDMA, then NVLink; alltoall as NCCL's direct AllToAll).
   std::string moe_token_dispatcher = "alltoall";
+  /// SMs the dispatch / combine kernels hold while they run (models/compute_cost.hpp
+  /// comm_overlap_speed): Megatron-Core transformer_config.py moe_deepep_num_sms (default 20,
+  /// DeepEP deep_ep/buffer.py Buffer.num_sms = 20) and moe_hybridep_num_sms (default 24). NCCL
+  /// collectives hold kNcclBlocks.
+  int64_t moe_deepep_num_sms = 20;
+  int64_t moe_hybridep_num_sms = 24;
   /// Megatron-Core --overlap-moe-expert-parallel-comm: the dispatch / combine AllToAll of one
   /// micro-batch overlaps the compute of another (forward with backward, 1F1B A2A overlap).
   bool overlap_moe_expert_parallel_comm = false;

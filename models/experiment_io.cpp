@@ -33,7 +33,10 @@
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
 //          overlap_param_gather (false), tp_comm_overlap (false),
-//          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false)
+//          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false),
+//          moe_token_dispatcher (alltoall|deepep|hybridep; alltoall), moe_deepep_num_sms (20),
+//          moe_hybridep_num_sms (24), delay_wgrad_compute (false), moe_shared_expert_overlap
+//          (false), overlap_moe_expert_parallel_comm (false; refused: not simulated)
 #include "models/experiment_io.hpp"
 
 #include <algorithm>
@@ -109,7 +112,8 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"training",
        {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
-        "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher",
+        "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher", "moe_deepep_num_sms",
+        "moe_hybridep_num_sms",
         "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
   };
@@ -1407,6 +1411,8 @@ Training read_training(Reader r) {
   set_if(t.overlap_moe_expert_parallel_comm, r.boolean("overlap_moe_expert_parallel_comm"));
   set_if(t.delay_wgrad_compute, r.boolean("delay_wgrad_compute"));
   set_if(t.moe_shared_expert_overlap, r.boolean("moe_shared_expert_overlap"));
+  set_if(t.moe_deepep_num_sms, r.integer("moe_deepep_num_sms"));
+  set_if(t.moe_hybridep_num_sms, r.integer("moe_hybridep_num_sms"));
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include "models/moe_checks.hpp"
 
 #include <string>
+#include <utility>
 
 #include "models/rank_grid.hpp"
 
@@ -55,6 +56,13 @@ void check_moe(const Experiment& e, ProblemList& p) {
   if (moe_opts && !x.enabled())
     p.add("training.overlap_moe_expert_parallel_comm / delay_wgrad_compute / moe_shared_expert_overlap / "
           "moe_token_dispatcher need a mixture-of-experts model (model.moe)");
+  for (const auto& [key, n] : {std::pair<const char*, int64_t>{"moe_deepep_num_sms", e.training.moe_deepep_num_sms},
+                                {"moe_hybridep_num_sms", e.training.moe_hybridep_num_sms}}) {
+    const int64_t sms = e.cluster.gpu.sm_count;
+    if (n < 1 || n > 4096 || (sms > 0 && n >= sms))
+      p.add(std::string("training.") + key + "=" + s(n) + " must be at least 1 and fewer than the GPU's " +
+            (sms > 0 ? s(sms) : std::string("SMs")) + " SMs (cluster.gpu.sm_count)");
+  }
   if (e.training.overlap_moe_expert_parallel_comm)
     p.add("training.overlap_moe_expert_parallel_comm: the overlap of two micro-batches' AllToAll with each other's "
           "compute is not simulated yet (set false)");

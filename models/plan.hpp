@@ -169,6 +169,11 @@ struct Op {
   ///    (cp - 2)/(cp - 1) of it, wait, run the last block, i.e.
   ///    t = max((cp - 2) g, C - local) + g with g = one block.
   int32_t overlap_splits = 0;
+  /// SMs this collective's kernel holds while it runs, taken from the compute beside it
+  /// (models/compute_cost.hpp comm_overlap_speed). 0: an NCCL kernel (kNcclBlocks); the EP
+  /// AllToAll of the deepep / hybridep dispatchers: training.moe_deepep_num_sms /
+  /// moe_hybridep_num_sms.
+  int32_t comm_sms = 0;
 
   Direction dir = Direction::forward;  // send/recv
   int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end

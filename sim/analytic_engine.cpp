@@ -183,6 +183,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
 
   Comm& comm = *comm_;
   const double speed = comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference);
+  auto overlap_speed = [&](double sms) {
+    return comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference, sms);
+  };
   // Collective times from the real cluster, for the groups of stage 0's first rank: TP (ranks
   // 1 apart), CP (tp apart), the expert groups of parallel folding (models/rank_grid.hpp):
   // ETP (1 apart), EP (etp apart). The proxy has no DP or PP groups.
@@ -246,6 +249,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     struct Replay {
       double t = 0;
       std::array<double, kCommKinds> free{};
+      std::array<double, kCommKinds> sms{};  // SMs of each stream's latest collective (comm_kernel_sms)
       std::vector<double> done;
       Shape::Seg seg;
     };
@@ -263,10 +267,33 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       else w = EB;
       Replay& r = rp[w];
       const int k = static_cast<int>(op.kind);
-      auto busy_until = [&] {
-        double busy = 0;
-        for (double f : r.free) busy = std::max(busy, f);
-        return busy;
+      // The compute stream from r.t by `work` seconds of kernels, slowed while collectives run
+      // to the speed of the largest SM holder among them (as the DES engine's run_kernels).
+      auto adv = [&](double work) {
+        double t = r.t;
+        if (work <= 0) return t;
+        double busy = 0, most = 0, least = 1e300;
+        for (int x = 0; x < kCommKinds; ++x)
+          if (r.free[static_cast<size_t>(x)] > t) {
+            busy = std::max(busy, r.free[static_cast<size_t>(x)]);
+            most = std::max(most, r.sms[static_cast<size_t>(x)]);
+            least = std::min(least, r.sms[static_cast<size_t>(x)]);
+          }
+        if (busy <= t) return t + work;
+        if (most == least) return advance(t, work, busy, most == kNcclBlocks ? speed : overlap_speed(most));
+        for (;;) {  // piecewise: the holders change as streams finish
+          double next = 1e300, sms = 0;
+          for (int x = 0; x < kCommKinds; ++x)
+            if (r.free[static_cast<size_t>(x)] > t) {
+              next = std::min(next, r.free[static_cast<size_t>(x)]);
+              sms = std::max(sms, r.sms[static_cast<size_t>(x)]);
+            }
+          if (next >= 1e300) return t + work;
+          const double sp = overlap_speed(sms);
+          if ((next - t) * sp >= work) return t + work / sp;
+          work -= (next - t) * sp;
+          t = next;
+        }
       };
       // TP communication overlap (Op::overlap_splits, models/plan.hpp), as the DES engine.
       const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
@@ -286,13 +313,14 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       if (op.type == OpType::compute && next && next->type == OpType::collective && next->overlap_splits > 1 &&
           next->collective == Collective::ReduceScatter) {
         const double m = next->overlap_splits, g = op.time_s;
-        r.t = advance(r.t, g / m, busy_until(), speed);
+        r.t = adv(g / m);
         Op part = *next;
         part.size_bytes = next->size_bytes * (m - 1) / m;
         const double c = comm_time(part);
         r.free[k] = std::max(r.t, r.free[k]) + c;
+        r.sms[k] = comm_kernel_sms(*next);
         r.seg.total[k] += c;
-        r.t = advance(r.t, g * (m - 1) / m, busy_until(), speed);
+        r.t = adv(g * (m - 1) / m);
         if (r.free[k] > r.t) r.seg.exposed[k] += r.free[k] - r.t, r.t = r.free[k];
         part.size_bytes = next->size_bytes / m;
         const double last = comm_time(part);
@@ -308,6 +336,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         const int kx = static_cast<int>(x.kind);
         const double start = std::max(r.t, r.free[kx]);
         r.free[kx] = start + c;
+        r.sms[kx] = comm_kernel_sms(x);
         if (x.handle >= 0) r.done[static_cast<size_t>(x.handle)] = r.free[kx];
         r.seg.total[kx] += c;
       };
@@ -317,10 +346,10 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         if (j < st.ops.size() && st.ops[j].type == OpType::issue) issue_op(st.ops[j++]);
         if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
           const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
-          r.t = advance(r.t, g * (blocks - 1) / blocks, busy_until(), speed);
+          r.t = adv(g * (blocks - 1) / blocks);
           const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
           if (end > r.t) r.seg.exposed[k] += end - r.t, r.t = end;
-          r.t = advance(r.t, g / blocks, busy_until(), speed);
+          r.t = adv(g / blocks);
           r.seg.compute += g;
           i = j;
           continue;
@@ -335,9 +364,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
             sh->adam_kernels = op.kernels;
             break;
           }
-          double busy = 0;
-          for (double f : r.free) busy = std::max(busy, f);
-          r.t = advance(r.t, op.time_s, busy, speed);
+          r.t = adv(op.time_s);
           r.seg.compute += op.time_s;
           break;
         }

@@ -98,7 +98,8 @@ struct RankState {
   sg4::SemaphorePtr handle_done;  // released when the awaited handle completes
   sg4::SemaphorePtr rate_change;  // released when a comm stream starts/stops while computing
   bool computing = false;         // the compute actor is inside a kernel run
-  int active_streams = 0;         // comm streams running a collective now
+  // SMs held by the collective each comm stream runs now (0: idle or on copy engines).
+  std::array<double, kCommKinds> active_sms{};
   sg4::SemaphorePtr collective;   // released when a collective it waits in completes
   std::array<Stream, kCommKinds> streams;
   std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
@@ -171,7 +172,7 @@ class Simulation {
   void stream_actor(RankState& rs, int kind);
   void issue(RankState& rs, const Op& op, bool interferes = true);
   void blocking_collective(RankState& rs, const Op& op);
-  void set_active(RankState& rs, int delta);
+  void set_active(RankState& rs, int kind, double sms);
   void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
               const char* name = nullptr, double end = -1, bool async = false);
   /// Traces [t0, start) as a "bubble" slice on the rank's compute row (nothing if empty).
@@ -268,9 +269,9 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     QueuedOp q = st.queue.front();
     st.queue.pop_front();
     const double t0 = sg4::Engine::get_clock();
-    if (q.interferes) set_active(rs, +1);
+    if (q.interferes) set_active(rs, kind, comm_kernel_sms(*q.op));
     const double start = run_collective(rs, *q.op, q.seq, st.collective);
-    if (q.interferes) set_active(rs, -1);
+    if (q.interferes) set_active(rs, kind, 0.0);
     // In flight from its start (every member there) to its end; before that it waited
     // for the group's other members (models/result.hpp CommStats).
     if (start > t0) st.peer_waits.push_back({t0, start});
@@ -333,8 +334,8 @@ void Simulation::record(const RankState& rs, TraceStream stream, const Op& op, c
   opts_.trace->events.push_back(std::move(e));
 }
 
-void Simulation::set_active(RankState& rs, int delta) {
-  rs.active_streams += delta;
+void Simulation::set_active(RankState& rs, int kind, double sms) {
+  rs.active_sms[static_cast<size_t>(kind)] = sms;
   if (rs.computing) rs.rate_change->release();
 }
 
@@ -345,7 +346,10 @@ void Simulation::run_kernels(RankState& rs, double seconds) {
   double work = seconds;
   const double begin = sg4::Engine::get_clock();
   while (work > 1e-15) {
-    const double speed = rs.active_streams > 0 ? overlap_speed_ : 1.0;
+    // The largest SM holder among the running collectives (models/compute_cost.hpp).
+    const double sms = *std::max_element(rs.active_sms.begin(), rs.active_sms.end());
+    const double speed = sms > 0 ? comm_overlap_speed(plan_.exp.cluster.gpu, plan_.exp.training.comm_interference, sms)
+                                 : 1.0;
     const double start = sg4::Engine::get_clock();
     rs.computing = true;
     const bool finished = rs.rate_change->acquire_timeout(work / speed);

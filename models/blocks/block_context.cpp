@@ -86,6 +86,11 @@ Op BlockContext::collective_op(OpType type, const char* name, Phase ph, int laye
   op.group = g;
   op.size_bytes = size;
   op.chunk = cur_chunk;
+  // DeepEP / HybridEP dispatch and combine kernels hold their own SM count (Op::comm_sms).
+  if (g == GroupKind::EP && c == Collective::AllToAll) {
+    if (e.training.moe_token_dispatcher == "deepep") op.comm_sms = static_cast<int32_t>(e.training.moe_deepep_num_sms);
+    if (e.training.moe_token_dispatcher == "hybridep") op.comm_sms = static_cast<int32_t>(e.training.moe_hybridep_num_sms);
+  }
   return op;
 }
 

@@ -27,9 +27,10 @@
 //   NVLink  = bytes / k x R (n-1)/n   (every delivery to another member, forwarded or direct)
 //   T = max(network / B_net, NVLink / B_nvlink) + alpha
 // the two stages being pipelined in chunks inside one kernel; alpha as the direct AllToAll
-// (one Ring/Simple step of the slowest path). Not modelled: the SMs the kernels take from
-// compute (training.comm_interference covers every communication kernel alike) and DeepEP's
-// low-latency (inference) kernels.
+// (one Ring/Simple step of the slowest path). The SMs the kernels take from the compute
+// beside them are the plan's (Op::comm_sms: training.moe_deepep_num_sms /
+// moe_hybridep_num_sms), applied by the engines. Not modelled: DeepEP's low-latency
+// (inference) kernels.
 #include <algorithm>
 #include <unordered_map>
 #include <vector>

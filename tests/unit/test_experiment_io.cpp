@@ -539,8 +539,8 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
                      "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
                      "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
-                     "overlap_p2p, moe_token_dispatcher, overlap_moe_expert_parallel_comm, delay_wgrad_compute, "
-            "moe_shared_expert_overlap)");
+                     "overlap_p2p, moe_token_dispatcher, moe_deepep_num_sms, moe_hybridep_num_sms, "
+                     "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
