@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "models/errors.hpp"
+#include "models/compute_cost.hpp"
 #include "models/flops.hpp"
 #include "models/moe.hpp"
 #include "models/memory.hpp"
@@ -395,7 +396,7 @@ std::vector<ExplainCommRow> explain_comm_rows(const StepPlan& plan) {
   return rows;
 }
 
-std::string format_explain(const Experiment& exp, const StepPlan& plan) {
+std::string format_explain(const Experiment& exp, const StepPlan& plan, const ExplainEpReach* ep_reach) {
   const ModelSpec& m = exp.model;
   const Layout& l = exp.layout;
   const Training& tr = exp.training;
@@ -520,6 +521,40 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan) {
     os << "    why       dispatch and combine are AllToAll: a permutation of token rows between ranks, not a reduction\n"
           "              (no SUM or AVG); the weighted sum of a token's top-k expert outputs (router probabilities)\n"
           "              happens after the combine, on the token's own rank\n";
+    {
+      // How the dispatch travels (training.moe_token_dispatcher) and the SMs its kernels hold
+      // (Op::comm_sms, the plan's); per call: the plan's buffer, one copy per (token, expert).
+      double buffer = 0, sms = 0;
+      for (const auto& sp : plan.stages)
+        for (const Op& op : sp.ops)
+          if (op.group == GroupKind::EP && op.collective == Collective::AllToAll &&
+              (op.type == OpType::issue || op.type == OpType::collective)) {
+            buffer = std::max(buffer, op.size_bytes);
+            sms = comm_kernel_sms(op);
+          }
+      const int64_t sm_count = exp.cluster.gpu.sm_count;
+      const std::string held =
+          sm_count > 0 ? fmt::format(";\n              its kernels hold {:.0f} of {} SMs while they run (Op::comm_sms)", sms, sm_count)
+                       : std::string();
+      if (tr.moe_token_dispatcher == "alltoall") {
+        os << fmt::format("    moves     training.moe_token_dispatcher=alltoall: NCCL's AllToAll, one copy of a token per\n"
+                          "              expert it picks ({} per call per rank, (n-1)/n of it to other ranks){}\n",
+                          format_bytes(buffer), held);
+      } else if (ep_reach && ep_reach->members > 1) {
+        const double token = buffer / static_cast<double>(std::max<int64_t>(1, m.moe.router_topk));
+        os << fmt::format(
+            "    moves     training.moe_token_dispatcher={} (sim/collectives/alltoall_deepep.cpp): a token crosses the\n"
+            "              network once per remote node it reaches ({:.2f} of {} other nodes on average) and NVLink\n"
+            "              once per other rank holding its experts ({:.2f} of {}); per call one rank sends {} over\n"
+            "              RDMA and {} over NVLink, against a {} buffer of top-{} copies{}\n",
+            tr.moe_token_dispatcher, ep_reach->remote_nodes, std::max<int64_t>(0, ep_reach->nodes - 1),
+            ep_reach->other_members, ep_reach->members - 1, format_bytes(token * ep_reach->remote_nodes),
+            format_bytes(token * ep_reach->other_members), format_bytes(buffer), m.moe.router_topk, held);
+      } else {
+        os << fmt::format("    moves     training.moe_token_dispatcher={}: once per node and rank a token reaches{}\n",
+                          tr.moe_token_dispatcher, held);
+      }
+    }
     os << fmt::format("    load      busiest EP rank at {:.3f} x the mean tokens (model.moe.load_balancing={}{}): it sets the\n"
                       "              grouped GEMM and AllToAll time of every rank of its group\n",
                       tk.load, to_string(m.moe.balance),

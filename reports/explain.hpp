@@ -60,7 +60,17 @@ std::vector<ExplainCommRow> explain_comm_rows(const StepPlan& plan);
 /// groups, placement on nodes); (6) the memory of every pipeline stage with the formula and
 /// source of each line. `exp` must be the experiment the plan was built from. Deterministic;
 /// ends with a newline.
-std::string format_explain(const Experiment& exp, const StepPlan& plan);
+///
+/// `ep_reach`: with training.moe_token_dispatcher deepep / hybridep, the expected reach of one
+/// token over the EP group of rank 0 (the engines' sim/collectives/alltoall_deepep.cpp
+/// deepep_fanout, which the caller computes: reports do not link the engines); the EP block
+/// then says how the tokens travel and what one rank sends per call over RDMA and NVLink.
+struct ExplainEpReach {
+  int64_t members = 0, nodes = 0;    // the EP group of rank 0
+  double remote_nodes = 0;           // remote nodes one token crosses the network to
+  double other_members = 0;          // members other than the sender one token reaches
+};
+std::string format_explain(const Experiment& exp, const StepPlan& plan, const ExplainEpReach* ep_reach = nullptr);
 
 /// "[0,1]"; long groups as "[0,8,16,...,56] (8 ranks)".
 std::string format_rank_list(const std::vector<int64_t>& ranks);

@@ -3,13 +3,16 @@
 // plan `dtsim run` simulates (reports/explain.hpp). Builds the plan; runs no simulation.
 #include <iostream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "models/experiment_io.hpp"
 #include "models/plan.hpp"
+#include "models/rank_grid.hpp"
 #include "reports/explain.hpp"
 #include "sim/cli/commands.hpp"
+#include "sim/collectives/collective.hpp"
 
 namespace dtsim::cli {
 namespace {
@@ -23,6 +26,22 @@ int explain_command(const ExplainOptions& o) {
   require_input_file(o.experiment);
   const Experiment exp = load_experiment(o.experiment, o.sets);
   const StepPlan plan = build_step_plan(exp);
+  // The deepep / hybridep dispatch's token reach over rank 0's EP group, from the engines'
+  // model of it (sim/collectives/alltoall_deepep.cpp).
+  if (exp.model.moe.enabled() && exp.layout.ep > 1 && exp.training.moe_token_dispatcher != "alltoall") {
+    const std::vector<int64_t> group = RankGrid(exp.layout).group_of(0, GroupKind::EP);
+    std::set<int64_t> nodes;
+    for (int64_t r : group) nodes.insert(r / std::max<int64_t>(1, exp.cluster.gpus_per_node));
+    ExplainEpReach reach;
+    reach.members = static_cast<int64_t>(group.size());
+    reach.nodes = static_cast<int64_t>(nodes.size());
+    const collectives::DeepEpFanout f =
+        collectives::deepep_fanout(reach.members, reach.nodes, collectives::ep_token_routing(exp));
+    reach.remote_nodes = f.remote_nodes;
+    reach.other_members = f.other_members;
+    std::cout << format_explain(exp, plan, &reach);
+    return kExitOk;
+  }
   std::cout << format_explain(exp, plan);
   return kExitOk;
 }

@@ -53,15 +53,11 @@ double miss(double x, double d, int64_t k) {
   return p;
 }
 
-struct Fanout {
-  double remote_nodes = 0;  // expected remote nodes one token reaches
-  double other_members = 0; // expected members other than the sender one token reaches
-};
+}  // namespace
 
-Fanout fanout(const GroupLayout& g) {
-  const TokenRouting& r = g.routing;
-  const double n = static_cast<double>(g.n());
-  const double N = static_cast<double>(g.node_count());
+DeepEpFanout deepep_fanout(int64_t members, int64_t node_count, const TokenRouting& r) {
+  const double n = static_cast<double>(members);
+  const double N = static_cast<double>(node_count);
   const double E = static_cast<double>(r.experts);
   const double per_node = E / N, per_member = E / n;
   double nodes = 0, X = E;  // nodes reached; experts a token may reach
@@ -83,11 +79,15 @@ Fanout fanout(const GroupLayout& g) {
     nodes = N * (1 - miss(E, per_node, r.topk));
   }
   nodes = std::min({nodes, N, static_cast<double>(r.topk)});
-  Fanout f;
+  DeepEpFanout f;
   f.remote_nodes = nodes * (N - 1) / N;
   f.other_members = X / per_member * (1 - miss(X, per_member, r.topk)) * (n - 1) / n;
   return f;
 }
+
+namespace {
+
+DeepEpFanout fanout(const GroupLayout& g) { return deepep_fanout(g.n(), g.node_count(), g.routing); }
 
 /// The RDMA traffic: member j of node A sends node B's share of its `remote` bytes (one
 /// token copy per remote node reached) to B's member j (rail-aligned, as DeepEP's RDMA ranks
@@ -130,7 +130,7 @@ class DeepEp final : public Algorithm {
   }
   double closed_form(CollOp, const GroupLayout& g, const CommModel& m, double bytes, Protocol) const override {
     if (g.n() < 2) return 0;
-    const Fanout f = fanout(g);
+    const DeepEpFanout f = fanout(g);
     const double token = bytes / static_cast<double>(g.routing.topk);
     const double nvl = token * f.other_members / m.nvlink_bw;
     // The busiest NIC, sending or receiving, over the flows plan() launches.
@@ -147,7 +147,7 @@ class DeepEp final : public Algorithm {
   TrafficPlan plan(CollOp, const GroupLayout& g, const CommModel& m, double bytes, Protocol) const override {
     TrafficPlan t;
     if (g.n() < 2) return t;
-    const Fanout f = fanout(g);
+    const DeepEpFanout f = fanout(g);
     const double token = bytes / static_cast<double>(g.routing.topk);
     Phase ph;
     ph.intra_s = token * f.other_members / m.nvlink_bw;

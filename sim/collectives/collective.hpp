@@ -107,6 +107,16 @@ TokenRouting ep_token_routing(const Experiment& e);
 /// `alltoall` (Megatron-Core's AllToAll dispatcher: NCCL, cluster.collectives' choice).
 std::optional<CollectiveChoice> ep_alltoall_choice(const Experiment& e);
 
+/// Expected reach of one token under the deepep algorithm (sim/collectives/alltoall_deepep.cpp,
+/// its header gives the formulas): over an EP group of `members` ranks on `nodes` nodes,
+/// remote nodes it crosses the network to, and members other than the sender it reaches
+/// (one NVLink delivery each). Dimensionless expectations.
+struct DeepEpFanout {
+  double remote_nodes = 0;
+  double other_members = 0;
+};
+DeepEpFanout deepep_fanout(int64_t members, int64_t nodes, const TokenRouting& routing);
+
 /// A transfer between two GPUs on different nodes, simulated as one flow on the route
 /// between their NICs.
 struct Flow {

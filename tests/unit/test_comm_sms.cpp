@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/plan.hpp"
+#include "models/rank_grid.hpp"
+#include "reports/explain.hpp"
 #include "sim/analytic_engine.hpp"
+#include "sim/collectives/collective.hpp"
 #include "sim/engine.hpp"
 
 namespace dtsim {
@@ -80,6 +84,25 @@ TEST(CommSms, FewerSmsLessSlowdownInBothEngines) {
   EXPECT_LT(a_few.step_time_s, a_many.step_time_s);
   EXPECT_NEAR(a_few.step_time_s / d_few.step_time_s, 1.0, 0.10);
   EXPECT_NEAR(a_many.step_time_s / d_many.step_time_s, 1.0, 0.10);
+}
+
+TEST(CommSms, ExplainSaysHowTheTokensTravelAndWhatTheyHold) {
+  const Experiment deepep = parse_experiment(yaml(""), "a.yaml");
+  // EP16 over 2 nodes, 16 experts top-2 (no groups): a token reaches the other node with
+  // 1 - C(8, 2) / C(16, 2) = 1 - 28 / 120 of probability, i.e. 2 x 0.767 nodes x 1/2 remote.
+  const collectives::DeepEpFanout f = collectives::deepep_fanout(16, 2, collectives::ep_token_routing(deepep));
+  EXPECT_NEAR(f.remote_nodes, 2.0 * (1.0 - 28.0 / 120.0) / 2.0, 1e-12);
+  ExplainEpReach reach{16, 2, f.remote_nodes, f.other_members};
+  const std::string text = format_explain(deepep, build_step_plan(deepep), &reach);
+  EXPECT_NE(text.find("moves     training.moe_token_dispatcher=deepep"), std::string::npos) << text;
+  EXPECT_NE(text.find("(0.77 of 1 other nodes on average)"), std::string::npos) << text;
+  EXPECT_NE(text.find("its kernels hold 20 of 132 SMs"), std::string::npos) << text;
+  std::string nccl_text = yaml("");
+  nccl_text.replace(nccl_text.find("deepep"), 6, "alltoall");
+  const Experiment nccl = parse_experiment(nccl_text, "a.yaml");
+  const std::string t2 = format_explain(nccl, build_step_plan(nccl));
+  EXPECT_NE(t2.find("NCCL's AllToAll, one copy of a token per"), std::string::npos) << t2;
+  EXPECT_NE(t2.find("its kernels hold 24 of 132 SMs"), std::string::npos) << t2;
 }
 
 TEST(CommSms, InputErrors) {
