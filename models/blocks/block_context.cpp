@@ -49,7 +49,8 @@ void BlockContext::append_compute(Op op, double attention_work) {
 }
 
 void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double flops, double rows, double cols,
-                        double inner, Transpose transpose, bool linear, int kernels) {
+                        double inner, Transpose transpose, bool linear, int kernels, double weight_copies,
+                        bool weight_is_output) {
   Op op;
   op.type = OpType::compute;
   op.name = name;
@@ -59,8 +60,10 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
   op.micro_batch = mb;
   op.kernel = KernelKind::gemm;
   op.flops = flops;
-  // (m x k) @ (k x n): read both operands, write the result.
-  op.bytes = kAct * (rows * inner + inner * cols + rows * cols);
+  // (m x k) @ (k x n): read both operands, write the result; a grouped GEMM's weight (B, or
+  // the result for a weight gradient) once per expert.
+  op.bytes = kAct * (rows * inner + inner * cols * (weight_is_output ? 1.0 : weight_copies) +
+                     rows * cols * (weight_is_output ? weight_copies : 1.0));
   op.gemm.m = static_cast<int64_t>(rows);
   op.gemm.n = static_cast<int64_t>(cols);
   op.gemm.k = static_cast<int64_t>(inner);

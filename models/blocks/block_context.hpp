@@ -48,8 +48,14 @@ class BlockContext {
   /// attention GEMMs, `linear` false) in bf16 (Transformer Engine's FP8 recipe keeps
   /// dot-product attention in higher precision).
   /// `kernels`: launches the op stands for (a grouped GEMM: one per local expert).
+  /// `weight_copies`: a grouped GEMM over that many experts, each with its own weight, so the
+  /// weight operand (B, the k x n of a forward or input-gradient GEMM) or, with
+  /// `weight_is_output`, the result (the m x n weight gradient) is read or written once per
+  /// expert: bytes = kAct (m k + c_B k n + c_C m n) (TE / CUTLASS grouped GEMMs multiply
+  /// each expert's tokens by that expert's weight; the token rows m are the sum over experts).
   void gemm(const char* name, Phase ph, int layer, int mb, double flops, double m, double n, double k,
-            Transpose transpose, bool linear = true, int kernels = 1);
+            Transpose transpose, bool linear = true, int kernels = 1, double weight_copies = 1,
+            bool weight_is_output = false);
   /// A blocking collective of `size` bytes (nccl-tests size); nothing when the group has one rank.
   void collective(const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c, GroupKind g,
                   double size);

@@ -117,10 +117,14 @@ void MoeBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
               overlap_shared, [&] { shared_forward(c, layer, mb, ph); });
   c.collective("moe_etp_allgather", ph, layer, mb, CommKind::EP, Collective::AllGather, GroupKind::ETP,
                kAct * tk.computed * c.h);
-  c.gemm("expert_up", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches);
-  c.gemm("expert_gate", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches);
+  const double experts = x.tk.local_experts;  // each with its own weights (BlockContext::gemm)
+  c.gemm("expert_up", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches,
+         experts);
+  c.gemm("expert_gate", ph, layer, mb, 2.0 * rows * c.h * cols, rows, cols, c.h, Transpose::b, true, x.launches,
+         experts);
   c.compute("expert_swiglu", ph, layer, mb, KernelKind::memory, 0, kAct * 3.0 * rows * cols);
-  c.gemm("expert_down", ph, layer, mb, 2.0 * rows * cols * c.h, rows, c.h, cols, Transpose::b, true, x.launches);
+  c.gemm("expert_down", ph, layer, mb, 2.0 * rows * cols * c.h, rows, c.h, cols, Transpose::b, true, x.launches,
+         experts);
   c.collective("moe_etp_reducescatter", ph, layer, mb, CommKind::EP, Collective::ReduceScatter, GroupKind::ETP,
                kAct * tk.computed * c.h);
   c.collective("moe_combine", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, kAct * tk.received * c.h);
@@ -137,8 +141,9 @@ void MoeBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) c
   const double down = 2.0 * rows * cols * c.h, up = 2.0 * down;
   const bool delay = c.e.training.delay_wgrad_compute && part == BackwardPart::full;
   const bool overlap_shared = c.e.training.moe_shared_expert_overlap && c.m.moe.shared_expert_ffn_hidden > 0;
+  // Input gradients read each expert's weight, weight gradients write each expert's own.
   auto grouped = [&](const char* name, double flops, double m, double n, double k, Transpose tr) {
-    c.gemm(name, ph, layer, mb, flops, m, n, k, tr, true, x.launches);
+    c.gemm(name, ph, layer, mb, flops, m, n, k, tr, true, x.launches, x.tk.local_experts, tr == Transpose::a);
   };
   auto expert_wgrads = [&] {
     grouped("expert_down_wgrad", down, cols, c.h, rows, Transpose::a);

@@ -126,6 +126,28 @@ TEST(MoePlan, DispatchCombineAndExpertGradients) {
   EXPECT_NEAR(st.optimizer_params, (st.params_per_rank - expert) / 64 + expert / 8, 1.0);
 }
 
+TEST(MoePlan, GroupedGemmsMoveEachExpertsWeight) {
+  // EP2 over 8 experts: 4 local experts, each with its own h x f weight; the token rows are
+  // the sum over them (forced balance: 4096 tokens x top-2).
+  const Experiment e = parse_experiment(mixtral_yaml("  dp: 8\n  tp: 1\n  ep: 2\n  zero_stage: 1\n", "", 1), "p.yaml");
+  const StepPlan plan = build_step_plan(e);
+  const StagePlan& st = plan.stages.front();
+  const double rows = 4096.0 * 2, h = 4096, f = 14336, experts = 4;
+  const Op* up = find_op(st, "expert_up");
+  ASSERT_NE(up, nullptr);
+  EXPECT_DOUBLE_EQ(up->bytes, 2.0 * (rows * h + experts * h * f + rows * f));  // B once per expert
+  const Op* dgrad = find_op(st, "expert_down_dgrad");
+  ASSERT_NE(dgrad, nullptr);
+  EXPECT_DOUBLE_EQ(dgrad->bytes, 2.0 * (rows * h + experts * h * f + rows * f));
+  const Op* wgrad = find_op(st, "expert_down_wgrad");
+  ASSERT_NE(wgrad, nullptr);
+  EXPECT_DOUBLE_EQ(wgrad->bytes, 2.0 * (f * rows + rows * h + experts * f * h));  // each expert's own gradient
+  // A dense GEMM reads its one weight.
+  const Op* qkv = find_op(st, "qkv");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_DOUBLE_EQ(qkv->bytes, 2.0 * (qkv->gemm.m * qkv->gemm.k + qkv->gemm.k * qkv->gemm.n + qkv->gemm.m * qkv->gemm.n));
+}
+
 TEST(MoePlan, LoadFactorScalesTheBusiestRank) {
   const Experiment forced = parse_experiment(mixtral_yaml("  dp: 64\n  tp: 1\n  ep: 8\n"), "f.yaml");
   const Experiment skew = parse_experiment(
