@@ -106,10 +106,7 @@ std::vector<Flow> rdma_flows(const GroupLayout& g, double remote) {
   return flows;
 }
 
-double latency(const GroupLayout& g, const CommModel& m) {
-  using namespace nccl;
-  return step_latency(m, g.node_count() > 1 ? Hw::Net : Hw::NVLink, Algo::Ring, Protocol::Simple);
-}
+double latency(const GroupLayout& g, const CommModel& m) { return nccl::alltoall_latency(m, g.node_count() > 1); }
 
 class DeepEp final : public Algorithm {
  public:

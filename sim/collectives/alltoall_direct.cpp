@@ -16,10 +16,7 @@
 namespace dtsim::collectives {
 namespace {
 
-double latency(const GroupLayout& g, const CommModel& m) {
-  using namespace nccl;
-  return step_latency(m, g.node_count() > 1 ? Hw::Net : Hw::NVLink, Algo::Ring, Protocol::Simple);
-}
+double latency(const GroupLayout& g, const CommModel& m) { return nccl::alltoall_latency(m, g.node_count() > 1); }
 
 double nvlink_time(const GroupLayout& g, const CommModel& m, double bytes) {
   double worst = 0;

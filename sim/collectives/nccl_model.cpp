@@ -19,6 +19,10 @@ constexpr double us = 1e-6;
 double hw_latency_us(Hw hw, Algo a, Protocol p) { return kHwLat[hw == Hw::NVLink ? 0 : 1][ai(a)][pi(p)]; }
 double base_latency_us(Algo a, Protocol p) { return kBaseLat[ai(a)][pi(p)]; }
 
+double alltoall_latency(const CommModel& m, bool spans_nodes) {
+  return step_latency(m, spans_nodes ? Hw::Net : Hw::NVLink, Algo::Ring, Protocol::Simple);
+}
+
 double step_latency(const CommModel& m, Hw hw, Algo a, Protocol p) {
   const double nv = hw_latency_us(Hw::NVLink, a, p) / hw_latency_us(Hw::NVLink, Algo::Ring, Protocol::Simple) *
                     m.nvlink_latency;

@@ -51,6 +51,9 @@ double base_latency_us(Algo a, Protocol p);
 /// Per-step latency of `a`/`p` on this cluster, seconds: hwLat scaled by the cluster's
 /// Ring/Simple latency of that hardware class; Net is at least the NVLink value.
 double step_latency(const CommModel& m, Hw hw, Algo a, Protocol p);
+/// The latency term of one AllToAll (the direct and the deepep algorithms): one Ring/Simple
+/// step of its slowest path, the network when the group spans nodes, else NVLink. Seconds.
+double alltoall_latency(const CommModel& m, bool spans_nodes);
 /// Per-collective base latency, seconds (0 for Ring/Simple, see above).
 double base_latency(Algo a, Protocol p);
 
