@@ -58,7 +58,7 @@ const Keys kCommonHarmless = {
     "first_k_dense_replace", "moe_layer_freq", "n_shared_experts", "topk_method", "routed_scaling_factor",
     "n_group", "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux"};
 
-// Per family: keys the reader reads (models/experiment_io.cpp read_hf_config), keys it checks
+// Per family: keys the reader reads (models/hf_config_read.cpp read_hf_config), keys it checks
 // against the final model, and keys that change nothing dtsim models.
 const Keys kLlamaKeys = {
     // read
@@ -117,7 +117,7 @@ const Keys kDeepseekKeys = {
     "routed_scaling_factor", "norm_topk_prob", "aux_loss_alpha", "seq_aux", "ep_size", "rope_scaling",
     "rope_theta", "rope_parameters", "rope_interleave", "rms_norm_eps", "quantization_config", "pretraining_tp",
     "attention_dropout"};
-// GptOssConfig and OpenAI's config.json (models/experiment_io.cpp read_gpt_oss).
+// GptOssConfig and OpenAI's config.json (models/hf_config_read.cpp read_gpt_oss).
 const Keys kGptOssKeys = {
     // read
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -134,7 +134,7 @@ const Keys kGptOssKeys = {
     "attention_bias", "swiglu_limit", "swiglu_alpha", "initial_context_length", "rope_scaling", "rope_parameters",
     "rope_theta", "quantization_config", "rms_norm_eps", "attention_dropout", "router_aux_loss_coef",
     "output_router_logits"};
-// Llama4TextConfig (the text decoder; models/experiment_io.cpp read_llama4).
+// Llama4TextConfig (the text decoder; models/hf_config_read.cpp read_llama4).
 const Keys kLlama4Keys = {
     // read
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -257,7 +257,7 @@ std::vector<std::string> hf_key_problems(const nlohmann::json& config, HfKeyFami
     }
     if (key == "layer_types" && family != HfKeyFamily::deepseek && family != HfKeyFamily::gpt2 &&
         family != HfKeyFamily::neox && family != HfKeyFamily::llama4_vlm)
-      continue;  // the reader reads it (models/experiment_io.cpp read_layer_types)
+      continue;  // the reader reads it (models/hf_config_read.cpp read_layer_types)
     if (key == "layer_types") {
       bool all_full = v.is_array();
       if (v.is_array())

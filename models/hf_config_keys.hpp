@@ -1,5 +1,5 @@
 #pragma once
-// Which keys of a Hugging Face config.json dtsim accepts (models/experiment_io.cpp reads the
+// Which keys of a Hugging Face config.json dtsim accepts (models/hf_config_read.cpp reads the
 // file). Every key falls in one of three classes:
 //   read       the reader turns it into a ModelSpec field (num_hidden_layers, hidden_size, the
 //              expert counts and sizes of the mixture-of-experts families, DeepSeek's MLA ranks);

@@ -1,4 +1,4 @@
-// hf_config for the GPT-OSS and Llama 4 families (models/experiment_io.cpp read_gpt_oss,
+// hf_config for the GPT-OSS and Llama 4 families (models/hf_config_read.cpp read_gpt_oss,
 // read_llama4; models/hf_config_keys.cpp): the published gpt-oss-20b config.json, a
 // gpt-oss-120b file against the shipped YAML experiment, Llama 4 Scout / Maverick files laid
 // out as Llama4Config (text_config inside), chunked attention's work, and the input errors.
