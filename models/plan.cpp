@@ -390,6 +390,7 @@ class Builder {
     cur_chunk_ = c;
     p2p_with(OpType::recv, Direction::forward, mb, c, sched_->prev(dims_, sp_.stage, c, mb));
     if (ch.first) embedding_forward(mb);
+    if (aligned_param_gather()) wait_chunk_param_gather(c, mb);
     int next = ch.layers > 0 ? first_use_gather(static_cast<int>(ch.first_layer), mb, Phase::forward) : -1;
     for (int64_t i = 0; i < ch.layers; ++i) {
       const int layer = static_cast<int>(ch.first_layer + i);
@@ -499,6 +500,7 @@ class Builder {
   /// steady state of "overlapped with the next forward".
   int first_use_gather(int layer, int mb, Phase ph) {
     if (g_.sharded_params) return zero3_gather(layer, mb, ph);
+    if (aligned_param_gather()) return -1;  // chunk gathers (chunk_param_gather)
     if (!param_gather_overlapped() || gathered_.count(layer)) return -1;
     gathered_.insert(layer);
     // A MoE layer's experts first, over EDP; the dense gather, issued after it on the same
@@ -512,6 +514,60 @@ class Builder {
   }
   bool param_gather_overlapped() const {
     return dp_active() && g_.sharded_optimizer && !g_.sharded_params && e_.training.overlap_param_gather;
+  }
+  /// Megatron-Core's interleaved schedule with overlap_param_gather (align_param_gather, its
+  /// default): config.param_sync_func is each model chunk's DDP.start_param_sync, which
+  /// dispatches every bucket of the chunk at once (distributed_data_parallel.py
+  /// start_param_sync); the schedule calls it for chunks 0 and 1 before the warm-up and for
+  /// chunk c + 1 at the forward whose virtual micro-batch id plus the pipeline rank is the
+  /// first micro-batch of chunk c, so that every rank launches together
+  /// (pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving,
+  /// "Synchronize params for first two model chunks" and forward_step_helper_preprocess; the
+  /// id tables are this rank's forward order). Non-first chunks and ranks past the first are
+  /// one bucket each (training.py get_model: per_chunk_disable_bucketing), so a chunk's
+  /// gather is one collective here. Megatron turns align_param_gather off for the
+  /// non-interleaved schedule (arguments.py), where first_use_gather's per-layer gathers run.
+  bool aligned_param_gather() const {
+    return param_gather_overlapped() && e_.layout.schedule == Schedule::interleaved && sched_->chunks(dims_) > 1;
+  }
+  /// Issues chunk `c`'s parameter gather (its layers' dense parameters over DP x CP, the
+  /// experts' over EDP first) unless it was issued already.
+  void chunk_param_gather(int c, int mb) {
+    if (c < 0 || c >= static_cast<int>(chunk_gather_.size()) || chunk_gather_[static_cast<size_t>(c)].issued) return;
+    auto& g = chunk_gather_[static_cast<size_t>(c)];
+    g.issued = true;
+    const Chunk ch = chunk(c);
+    if (ch.layers == 0) return;
+    double dense = 0, expert = 0;
+    for (int64_t i = 0; i < ch.layers; ++i) {
+      const blocks::RankParams& p = layer_params(static_cast<int>(ch.first_layer + i));
+      dense += p.dense;
+      expert += p.expert;
+    }
+    const int saved = cur_chunk_;
+    cur_chunk_ = c;
+    const int layer = static_cast<int>(ch.first_layer);
+    auto mark = [&](int handle) {  // the chunk's layers on the op just issued
+      if (handle >= 0) sp_.ops.back().gather_layers = static_cast<int32_t>(ch.layers);
+      return handle;
+    };
+    if (expert_active() && expert > 0)
+      g.expert = mark(issue("edp_param_allgather", Phase::forward, layer, mb, CommKind::DP, Collective::AllGather,
+                            GroupKind::EDP, expert * kAct));
+    g.dense = mark(issue("dp_param_allgather", Phase::forward, layer, mb, CommKind::DP, Collective::AllGather,
+                         GroupKind::DPxCP, dense * kAct));
+    cur_chunk_ = saved;
+  }
+  /// Before chunk `c`'s first forward: its gather (dispatched now if the schedule did not,
+  /// as DDP's forward pre-hook does: param_and_grad_buffer.py finish_param_sync).
+  void wait_chunk_param_gather(int c, int mb) {
+    auto& g = chunk_gather_[static_cast<size_t>(c)];
+    if (g.waited) return;
+    chunk_param_gather(c, mb);
+    g.waited = true;
+    const int layer = static_cast<int>(chunk(c).first_layer);
+    if (g.expert >= 0) wait(g.expert, CommKind::DP, layer, mb, Phase::forward);
+    if (g.dense >= 0) wait(g.dense, CommKind::DP, layer, mb, Phase::forward);
   }
 
   /// Parameters of the last stage's head on one rank: the final norm (replicated over
@@ -542,7 +598,26 @@ class Builder {
         last_mb_[static_cast<size_t>(st.chunk)] = std::max(last_mb_[static_cast<size_t>(st.chunk)], st.mb);
       if (st.pass == sched::Pass::BW || st.pass == sched::Pass::W) ++backwards_total_;
     }
+    // Megatron's aligned chunk parameter gathers (aligned_param_gather): chunks 0 and 1 before
+    // the warm-up, chunk c + 1 at the forward k whose k + pipeline rank is chunk c's first.
+    std::vector<const sched::Step*> forwards;
+    for (const sched::Step& st : order)
+      if (st.pass == sched::Pass::F) forwards.push_back(&st);
+    const bool aligned = aligned_param_gather();
+    if (aligned) {
+      chunk_gather_.assign(static_cast<size_t>(sched_->chunks(dims_)), ChunkGather{});
+      chunk_param_gather(0, 0);
+      chunk_param_gather(1, 0);
+    }
+    size_t k = 0;
     for (const sched::Step& st : order) {
+      if (aligned && st.pass == sched::Pass::F) {
+        const size_t id = k++ + static_cast<size_t>(sp_.stage);
+        if (id < forwards.size() && forwards[id]->mb == 0) {
+          const int next_chunk = forwards[id]->chunk + 1;
+          if (next_chunk > 1 && next_chunk < sched_->chunks(dims_)) chunk_param_gather(next_chunk, st.mb);
+        }
+      }
       switch (st.pass) {
         case sched::Pass::F: chunk_forward(st.chunk, st.mb); break;
         case sched::Pass::BW: chunk_backward(st.chunk, st.mb, BackwardPart::full); break;
@@ -647,6 +722,11 @@ class Builder {
   double pending_word_ = 0;  // bytes of the tied word embedding's own bucket, not sent yet
   std::vector<int> dp_handles_;
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
+  struct ChunkGather {  // aligned_param_gather: one model chunk's gather
+    bool issued = false, waited = false;
+    int dense = -1, expert = -1;  // handles (-1: none)
+  };
+  std::vector<ChunkGather> chunk_gather_;
   int cur_chunk_ = 0;       // model chunk being emitted
   int64_t backwards_ = 0;   // chunk gradients completed so far (BW or W passes)
   int64_t backwards_total_ = 0;  // ... in the whole step

@@ -174,6 +174,10 @@ struct Op {
   /// AllToAll of the deepep / hybridep dispatchers: training.moe_deepep_num_sms /
   /// moe_hybridep_num_sms.
   int32_t comm_sms = 0;
+  /// Parameter gathers (dp_param_allgather / edp_param_allgather before a forward): the
+  /// consecutive layers from `layer` whose parameters it carries; 0 means the one layer
+  /// (a whole model chunk under Megatron's aligned interleaved gathers, models/plan.cpp).
+  int32_t gather_layers = 0;
 
   Direction dir = Direction::forward;  // send/recv
   int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end

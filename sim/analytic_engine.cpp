@@ -587,16 +587,46 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const double layer_f = model_mean([&](int k) { return L_(k).f.time; });
     // Each chunk by its own layer count (models/pipeline_split.hpp), chunks of equal count
     // together; a chunk without layers gathers nothing.
-    std::map<int64_t, int64_t> chunks_by_layers;
-    if (v == 1)
-      for (const RankSplit& r : ranks) ++chunks_by_layers[r.layers];
-    else
-      for (const VirtualStage& vs : pipeline_split(model, l)) ++chunks_by_layers[vs.layers];
-    for (const auto& [chunk_layers, count] : chunks_by_layers) {
-      if (chunk_layers == 0) continue;
-      const double per_chunk =
-          ag + std::max(0.0, d(chunk_layers) - 1.0) * (overlap(layer_f, ag, speed) - layer_f);
-      t_pipe += d(count) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
+    if (l.schedule == Schedule::interleaved && v > 1) {
+      // Megatron's aligned chunk gathers (models/plan.cpp aligned_param_gather): every rank
+      // launches chunk c's whole gather together; rank 0 waits for chunk 0 whole, chunk 1
+      // (queued behind it) and each later chunk c (issued at chunk c - 1's first forward)
+      // overlap the p forwards of chunk c - 1 that come first; a wait there delays the
+      // whole pipeline once, the other ranks' gathers hide in their warm-up.
+      const sched::Dims dims = sched::dims_of(l, m);
+      auto rank0_chunk = [&](int64_t ck) { return virtual_stage(model.layers, l, sch.virtual_stage(dims, 0, ck)); };
+      double exposed = 0;
+      for (int64_t ck = 0; ck < v; ++ck) {
+        const VirtualStage vs = rank0_chunk(ck);
+        if (vs.layers == 0) continue;
+        const auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
+        const double chunk_ag =
+            dp_ring(Collective::AllGather, over(nk, [&](int k) { return L_(k).params.dense; }) * 2.0) +
+            edp_ring(Collective::AllGather, over(nk, [&](int k) { return L_(k).params.expert; }) * 2.0);
+        if (ck == 0) {
+          exposed += chunk_ag;
+          continue;
+        }
+        const VirtualStage prev = rank0_chunk(ck - 1);
+        const double window =
+            d(p) * (over(blocks::layer_kind_counts(model, prev.first_layer, prev.layers),
+                          [&](int k) { return L_(k).f.time; }) +
+                    (prev.embedding ? sh.emb_f.time : 0.0));
+        exposed += overlap(window, chunk_ag, speed) - window;
+      }
+      t_pipe += exposed;
+    } else {
+      std::map<int64_t, int64_t> chunks_by_layers;
+      if (v == 1)
+        for (const RankSplit& r : ranks) ++chunks_by_layers[r.layers];
+      else
+        for (const VirtualStage& vs : pipeline_split(model, l)) ++chunks_by_layers[vs.layers];
+      for (const auto& [chunk_layers, count] : chunks_by_layers) {
+        if (chunk_layers == 0) continue;
+        const double per_chunk =
+            ag + std::max(0.0, d(chunk_layers) - 1.0) * (overlap(layer_f, ag, speed) - layer_f);
+        t_pipe += d(count) * per_chunk;  // each stage's first forwards wait in turn (warm-up)
+      }
     }
   }
 

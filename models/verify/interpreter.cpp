@@ -446,7 +446,8 @@ void Interpreter::Impl::resolve_ops() {
   for (int64_t st = 0; st < pp; ++st)
     for (const Op& op : plan.stages[sz(st)].ops) {
       if (op.layer < 0) continue;
-      if (std::string_view(op.name) == "dp_param_allgather") gathered_layers[sz(st)].insert(op.layer);
+      if (std::string_view(op.name) == "dp_param_allgather")
+        for (int k = 0; k < std::max(1, op.gather_layers); ++k) gathered_layers[sz(st)].insert(op.layer + k);
       stage_layers[sz(st)].insert(op.layer);
       auto [it, fresh] = chunk_layers[sz(st)].try_emplace(op.chunk, op.layer, op.layer);
       if (!fresh) {

@@ -398,14 +398,17 @@ void Interpreter::Impl::dp_param_gather(int st, const Op& op) {
       const int pl = R0.params[p].layer;
       // edp_param_allgather: routed experts over EDP; dp_param_allgather: the rest over DPxCP.
       if (expert_param(R0.params[p].kind) != (op.group == GroupKind::EDP)) continue;
-      if (layer < 0 ? (pl < 0 || !gathered_layers[sz(st)].count(pl)) : pl == layer) {
+      const int count = std::max(1, op.gather_layers);  // a whole chunk's layers (Op::gather_layers)
+      if (layer < 0 ? (pl < 0 || !gathered_layers[sz(st)].count(pl)) : (pl >= layer && pl < layer + count)) {
         sel.push_back(static_cast<int>(p));
         total += R0.params[p].size();
       }
     }
     if (sel.empty()) die(op, fmt::format("gathers the parameters of layer {}, which stage {} does not hold", layer, st));
     check_size(op, static_cast<double>(total) * kActBytes,
-               layer < 0 ? "the stage's parameters" : fmt::format("layer {}'s parameters", layer).c_str());
+               layer < 0 ? "the stage's parameters"
+               : op.gather_layers > 1 ? fmt::format("layers {}-{}'s parameters", layer, layer + op.gather_layers - 1).c_str()
+                                      : fmt::format("layer {}'s parameters", layer).c_str());
     // Snapshot at issue: the owner's value of every element (none yet: keep the rank's).
     std::vector<std::vector<double>> val(sel.size());
     std::vector<std::vector<uint8_t>> have(sel.size());

@@ -40,9 +40,11 @@ TEST(Validation, Gpt3OnSixtyFourA100WithinTwentyFivePercent) {
 
 // Published rows dtsim misses by more than 30%, each with its measured error and the work it
 // needs. Qwen3-235B-A22B TP4 PP8 VP4 EP8 (Megatron-MoE-ModelZoo, 29.0 s, 167 TFLOP/s per GPU):
-// dtsim 15.6 s (-46%; -44% before the DeepEP dispatcher sent each token once per node); fine-grained experts (128 x 1536, 16 per rank, ~256 rows per expert per
-// micro-batch) on TP4 attention: the grouped-GEMM efficiency at small rows, the permute /
-// unpermute and router kernels, and DeepEP's SM cost are not yet modelled from measurements.
+// dtsim 14.7 s (-49%; -44% before the DeepEP dispatcher sent each token once per node, -46%
+// before the parameter gathers followed Megatron's aligned interleaved prefetch); fine-grained
+// experts (128 x 1536, 16 per rank, ~512 rows per expert per micro-batch) on TP4 attention: the
+// grouped-GEMM efficiency at small rows and the permute / unpermute and router kernels are not
+// yet modelled from measurements.
 const std::vector<std::string> kKnownGaps = {"modelzoo-qwen3-235b-a22b-tp4-pp8-ep8"};
 
 TEST(Validation, PublishedRunsWithinTolerance) {
@@ -60,7 +62,7 @@ TEST(Validation, PublishedRunsWithinTolerance) {
 // The forced-balance vs dropless pair of Mixtral-8x22B (ModelZoo: 465 vs 445 TFLOP/s, dropless
 // 4.3% slower) shows the imbalance cost in the right direction: dropless is slower and the
 // padded capacity-factor-1.0 run costs what forced balance costs. Its size is too large today
-// (dtsim: 31% slower; models/moe.hpp's aux-loss MaxVio 0.72 comes from a 64-expert 1B model,
+// (dtsim: 34% slower; models/moe.hpp's aux-loss MaxVio 0.72 comes from a 64-expert 1B model,
 // Wang et al. 2024 Table 1); the test states the direction, not the size.
 TEST(Validation, MoeImbalanceCostHasTheRightDirection) {
   const std::string dir = kRoot + "/experiments/validation/";
