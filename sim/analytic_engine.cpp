@@ -182,7 +182,6 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
   if (it != cache_.end()) return *it->second;
 
   Comm& comm = *comm_;
-  const double speed = comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference);
   auto overlap_speed = [&](double sms) {
     return comm_overlap_speed(base_.cluster.gpu, base_.training.comm_interference, sms);
   };
@@ -280,7 +279,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
             least = std::min(least, r.sms[static_cast<size_t>(x)]);
           }
         if (busy <= t) return t + work;
-        if (most == least) return advance(t, work, busy, most == kNcclBlocks ? speed : overlap_speed(most));
+        if (most == least) return advance(t, work, busy, overlap_speed(most));
         for (;;) {  // piecewise: the holders change as streams finish
           double next = 1e300, sms = 0;
           for (int x = 0; x < kCommKinds; ++x)

@@ -17,6 +17,7 @@
 #include "sim/analytic_engine.hpp"
 #include "sim/collectives/collective.hpp"
 #include "sim/engine.hpp"
+#include "tests/unit/input_problem.hpp"
 
 namespace dtsim {
 namespace {
@@ -106,14 +107,7 @@ TEST(CommSms, ExplainSaysHowTheTokensTravelAndWhatTheyHold) {
 }
 
 TEST(CommSms, InputErrors) {
-  auto problem = [](const std::string& text) {
-    try {
-      parse_experiment(text, "a.yaml");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto problem = [](const std::string& text) { return test_files::input_problem(text); };
   EXPECT_NE(problem(yaml(", moe_deepep_num_sms: 0")).find("training.moe_deepep_num_sms=0 must be at least 1"),
             std::string::npos);
   EXPECT_NE(problem(yaml(", moe_hybridep_num_sms: 132")).find("fewer than the GPU's 132 SMs"), std::string::npos);

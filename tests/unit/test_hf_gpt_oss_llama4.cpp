@@ -17,6 +17,7 @@
 #include "models/flops.hpp"
 #include "sim/analytic_engine.hpp"
 #include "tests/unit/temp_dir.hpp"
+#include "tests/unit/input_problem.hpp"
 
 namespace dtsim {
 namespace {
@@ -41,14 +42,7 @@ std::string yaml(const std::string& model_lines, int seq = 4096) {
          "training: {seq_len: " + std::to_string(seq) + ", global_batch: 8, micro_batch: 1, flash_attention: true}\n";
 }
 
-std::string problem(const std::string& text, const std::string& dir) {
-  try {
-    parse_experiment(text, "exp.yaml", {}, dir);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+std::string problem(const std::string& text, const std::string& dir) { return test_files::input_problem(text, dir); }
 
 TEST(HfGptOss, PublishedTwentyBillionConfigReads) {
   const Experiment e = parse_experiment(yaml("  hf_config: gpt-oss-20b.json\n"), "exp.yaml", {},

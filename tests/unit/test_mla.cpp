@@ -15,6 +15,7 @@
 #include "models/plan.hpp"
 #include "sim/analytic_engine.hpp"
 #include "sim/engine.hpp"
+#include "tests/unit/input_problem.hpp"
 
 namespace dtsim {
 namespace {
@@ -147,14 +148,7 @@ TEST(MlaPlan, AttentionKernelHasTheQueryKeyHeadAndAllHeads) {
 }
 
 TEST(MlaInputs, ErrorsNameTheKeys) {
-  auto error_of = [](const std::string& y) {
-    try {
-      parse_experiment(y, "bad.yaml");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto error_of = [](const std::string& y) { return test_files::input_problem(y); };
   const std::string l = "  dp: 16\n  tp: 1\n  ep: 16\n";
   EXPECT_NE(error_of(dsv3_yaml(l, 2, 61, "    bogus: 1\n")).find("bogus"), std::string::npos);
   EXPECT_NE(error_of(dsv3_yaml(l, 2, 61, "", "  kv_heads: 8\n")).find("model.kv_heads=8 with model.mla"),

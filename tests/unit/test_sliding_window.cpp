@@ -14,6 +14,7 @@
 #include "models/flops.hpp"
 #include "sim/analytic_engine.hpp"
 #include "sim/engine.hpp"
+#include "tests/unit/input_problem.hpp"
 
 namespace dtsim {
 namespace {
@@ -112,14 +113,7 @@ TEST(SlidingWindow, LayerKindCountsMatchThePerLayerKinds) {
 }
 
 TEST(SlidingWindow, InputErrors) {
-  auto problem = [](const std::string& text) {
-    try {
-      parse_experiment(text, "a.yaml");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto problem = [](const std::string& text) { return test_files::input_problem(text); };
   EXPECT_NE(problem(yaml(kWindowed, "", "", false)).find("needs training.flash_attention"), std::string::npos);
   EXPECT_NE(problem(yaml(kWindowed, "", "  dp: 8\n  cp: 2\n  ep: 8\n  etp: 1\n")).find("context parallelism"),
             std::string::npos);
