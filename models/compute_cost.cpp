@@ -47,7 +47,9 @@ double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attent
 
 const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
   const std::string& name = exp.cluster.gpu.profile;
-  if (name.empty()) return nullptr;
+  if (name.empty())
+    return exp.cluster.gpu.kernel_tables.empty() ? nullptr
+                                                 : calib::ComputeProfile::shipped(exp.cluster.gpu.kernel_tables);
   namespace fs = std::filesystem;
   fs::path p(name);
   if (p.is_relative() && !exp.source.empty()) p = fs::path(exp.source).parent_path() / p;
@@ -70,18 +72,35 @@ const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
 
 ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work) {
   const GpuSpec& gpu = exp.cluster.gpu;
-  const auto k = op.kernel == KernelKind::gemm || experiment_profile(exp) ? calib::kernel_for_op(op, exp)
-                                                                          : std::nullopt;
-  const double fill = k && k->spec.kind == calib::KernelClass::gemm ? gemm_wave_fill(k->spec.gemm, gpu.sm_count) : 1.0;
+  // The roofline's wave fill is that of the op's whole GEMM: a grouped GEMM schedules the
+  // tiles of all its experts in one kernel's waves.
+  const bool shaped = op.kernel == KernelKind::gemm && op.gemm.m > 0 && op.gemm.n > 0 && op.gemm.k > 0;
+  const double fill = shaped ? gemm_wave_fill(op.gemm, gpu.sm_count) : 1.0;
   const ComputeTime roof{compute_time(op, gpu, exp.training.dtype, attention_work, fill),
                          calib::TimeSource::roofline};
   const calib::ComputeProfile* prof = experiment_profile(exp);
-  if (!prof || !k) return roof;
+  if (!prof) return roof;
+  const calib::KernelClass cls = op.kernel == KernelKind::gemm        ? calib::KernelClass::gemm
+                                 : op.kernel == KernelKind::attention ? calib::KernelClass::attention
+                                 : op.kernel == KernelKind::memory    ? calib::KernelClass::memory
+                                                                      : calib::KernelClass::optimizer;
+  if (!prof->has_data_for(cls)) return roof;  // e.g. memory ops against GEMM-only tables
+  const auto k = calib::kernel_for_op(op, exp);
+  if (!k) return roof;
   const auto t = prof->lookup(k->spec);
   if (!t) return roof;
   double seconds = t->seconds * k->count;
-  // A multi-launch op timed as one kernel (cross_entropy: 6) pays the other launches.
-  if (k->count == 1 && op.kernels > 1) seconds += gpu.kernel_overhead * (op.kernels - 1);
+  const bool table = t->source == calib::TimeSource::table_exact || t->source == calib::TimeSource::table_interpolated ||
+                     t->source == calib::TimeSource::table_extrapolated;
+  if (table) {
+    // Kernel tables were timed in short bursts at boost clocks (GpuSpec::sustained_ratio)
+    // and inside a CUDA graph, without launches: the op pays each of its launches as every
+    // roofline op does (gpu.kernel_overhead).
+    seconds = seconds / std::clamp(gpu.sustained_ratio, 1e-6, 1.0) + gpu.kernel_overhead * std::max<int32_t>(op.kernels, 1);
+  } else if (k->count == 1 && op.kernels > 1) {
+    // A multi-launch op timed as one kernel (cross_entropy: 6) pays the other launches.
+    seconds += gpu.kernel_overhead * (op.kernels - 1);
+  }
   return {seconds, t->source};
 }
 

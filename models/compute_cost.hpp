@@ -84,21 +84,27 @@ struct ComputeTime {
   calib::TimeSource source = calib::TimeSource::roofline;
 };
 
-/// Seconds for one compute op of `exp`'s plan. Without `cluster.gpu.profile` this is the
-/// roofline above (compute_time(op, gpu, dtype, attention_work, fill)), source roofline,
-/// where fill is gemm_wave_fill of the op's GEMM shape (calib::kernel_for_op) on the GPU's
-/// SMs for GEMM ops, else 1. With a
-/// profile: the op's kernel shape (models/calibration/plan_kernels.hpp) is looked up in the
-/// profile (exact, else interpolated, else fitted), times the op's kernel count; extra
-/// launches of a multi-kernel op add gpu.kernel_overhead each; when the profile cannot
-/// say, the roofline. `attention_work` only applies to the roofline (profile attention
-/// shapes carry causal/backward themselves). Throws InputError when the profile file
-/// cannot be read or is invalid.
+/// Seconds for one compute op of `exp`'s plan. The experiment's profile
+/// (experiment_profile: the `cluster.gpu.profile` file, else the GPU's shipped kernel
+/// tables, cluster.gpu.kernel_tables) is asked first: the op's kernel shape
+/// (models/calibration/plan_kernels.hpp; a grouped expert GEMM as one GEMM per expert) is
+/// looked up (measured exact, kernel table, interpolated, fitted: ComputeProfile::lookup),
+/// times the op's kernel count; extra launches of a multi-kernel op timed as one kernel add
+/// gpu.kernel_overhead each. A kernel table's time is the kernel's own, measured in a short
+/// burst in a CUDA graph without launches: it is divided by gpu.sustained_ratio and the op
+/// adds gpu.kernel_overhead per launch (Op::kernels), as the roofline does. When the profile cannot say (memory-bound,
+/// attention and optimizer ops against GEMM-only tables), or there is none, the roofline
+/// above: compute_time(op, gpu, dtype, attention_work, fill), fill = gemm_wave_fill of the
+/// op's whole GEMM (Op::gemm) on the GPU's SMs for GEMM ops, else 1; source roofline.
+/// `attention_work` only applies to the roofline (profile attention shapes carry
+/// causal/backward themselves). Throws InputError when the profile file cannot be read or
+/// is invalid.
 ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work = 1.0);
 
 /// The profile named by exp.cluster.gpu.profile (relative to the directory of
-/// exp.source), loaded once per process and path (thread-safe); nullptr when the
-/// experiment names none. Throws InputError as ComputeProfile::load.
+/// exp.source), loaded once per process and path (thread-safe); without one, the shipped
+/// profile of exp.cluster.gpu.kernel_tables (ComputeProfile::shipped); nullptr when the
+/// experiment has neither. Throws InputError as ComputeProfile::load.
 const calib::ComputeProfile* experiment_profile(const Experiment& exp);
 
 }  // namespace dtsim

@@ -157,6 +157,16 @@ struct GpuSpec {
   /// as written (relative paths are relative to the experiment file); "" = roofline only.
   /// Read by models/compute_cost.hpp experiment_profile().
   std::string profile;
+  /// Shipped kernel tables (cluster.gpu.kernel_tables): the system whose measured GEMM times
+  /// (models/calibration/gemm_table.hpp, ComputeProfile::shipped) time this GPU's GEMMs
+  /// instead of the roofline, e.g. "h100_sxm"; "" = none. Presets name theirs
+  /// (topologies/gpu_presets.cpp); `profile`, when given, is used instead.
+  std::string kernel_tables;
+  /// Sustained / burst matmul rate (cluster.gpu.sustained_ratio), dimensionless, (0, 1]:
+  /// kernel-table times, measured in short bursts at boost clocks, are divided by it to give
+  /// the rate a GPU holds at its power limit through a training run (MSMF / MAMF of
+  /// mamf-finder, topologies/gpu_presets.cpp). 1 = use the table as measured.
+  double sustained_ratio = 1.0;
 };
 
 /// A point-to-point link class: per-direction bandwidth per GPU (or NIC) and latency.

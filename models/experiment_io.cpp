@@ -15,7 +15,10 @@
 //          qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4,
 //          llama4_text, gpt2, gpt_neox)
 //   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
-//          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead}),
+//          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count,
+//          attention_efficiency, profile, kernel_tables (none|a100_sxm|h100_sxm|h200_sxm|
+//          b200_sxm; the preset's, dropped by peak_bf16/peak_fp8/gemm_efficiency/sm_count),
+//          sustained_ratio ((0, 1]; the preset's, else 1)}),
 //          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
 //          efficiency, nvls_efficiency (node preset, else 0 = no NVLS)}, nics_per_node, nic
 //          {bandwidth, latency, efficiency}, fabric (TYPE or {type, nodes_per_leaf,
@@ -70,6 +73,7 @@
 #include "models/yaml_text.hpp"
 #include "topologies/collective_names.hpp"
 #include "topologies/fabrics/fabric.hpp"
+#include "models/calibration/gemm_table.hpp"
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -100,7 +104,8 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "collectives", "hbm_reserve"}},
       {"cluster.gpu",
        {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
-        "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "profile"}},
+        "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "profile", "kernel_tables",
+        "sustained_ratio"}},
       {"cluster.nvlink", {"bandwidth", "latency", "efficiency", "nvls_efficiency"}},
       {"cluster.nic", {"bandwidth", "latency", "efficiency"}},
       {"cluster.fabric", {"type", "nodes_per_leaf", "oversubscription", "leaves_per_pod", "pod_oversubscription"}},
@@ -606,6 +611,23 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   // optional: a `dtsim calibrate` profile, relative to the experiment file (read lazily by
   // models/compute_cost.hpp experiment_profile, which names this key in its errors).
   set_if(g.profile, r.text("profile"));
+  // The preset's shipped kernel tables time its GEMMs; a field that sets the GEMM rate
+  // (peak_bf16, peak_fp8, gemm_efficiency, sm_count) asks for the roofline at that rate, so it
+  // drops them unless kernel_tables is given too (README "Kernel time").
+  for (const char* k : {"peak_bf16", "peak_fp8", "gemm_efficiency", "sm_count"})
+    if (r.has(k)) g.kernel_tables.clear();
+  set_if(g.sustained_ratio, r.number("sustained_ratio"));  // optional: the preset's, else 1
+  if (auto t = r.text("kernel_tables")) {
+    const auto systems = calib::shipped_table_systems();
+    if (*t == "none") {
+      g.kernel_tables.clear();
+    } else if (std::find(systems.begin(), systems.end(), *t) != systems.end()) {
+      g.kernel_tables = *t;
+    } else {
+      r.ctx().fail(path, r.path("kernel_tables") + "=" + quote(*t) + " is not a shipped kernel table (valid: none, " +
+                             text::join(systems) + ")");
+    }
+  }
   if (!preset) {
     for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
                           "kernel_overhead"})
@@ -833,7 +855,8 @@ std::vector<std::string> split_dots(const std::string& s) {
 }
 
 // Returns a copy of `node` with `segs[i..]` set to `value`. Intermediate maps are created;
-// a scalar `cluster.gpu` (a preset name) becomes {preset: NAME} when a field below it is set.
+// a scalar `cluster.gpu` (a preset name) becomes {preset: NAME} when a field below it is set,
+// and an absent one under a node preset {preset: the node's GPU}.
 YAML::Node with_value(const YAML::Node& node, const std::vector<std::string>& segs, size_t i,
                       const YAML::Node& value, const std::string& map_path) {
   YAML::Node out;
@@ -851,6 +874,10 @@ YAML::Node with_value(const YAML::Node& node, const std::vector<std::string>& se
   }
   const YAML::Node& const_out = out;
   YAML::Node child = const_out[key].IsDefined() ? YAML::Clone(const_out[key]) : YAML::Node(YAML::NodeType::Undefined);
+  // A field of a GPU the cluster takes from its node preset: that preset's GPU, changed.
+  if (map_path == "cluster" && key == "gpu" && !child.IsDefined() && const_out["node"].IsDefined() &&
+      const_out["node"].IsScalar())
+    if (const NodePreset* np = find_node_preset(const_out["node"].Scalar())) child = YAML::Node(np->gpu);
   out[key] = with_value(child, segs, i + 1, value, join_path(map_path, key));
   return out;
 }
@@ -1188,6 +1215,9 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   auto fraction = [&](const std::string& key, double v) {
     if (ok({key}) && !(v > 0 && v <= 1)) p.add(key + "=" + fmt_double(v) + " must be in (0, 1]");
   };
+  if (ok({"cluster.gpu.sustained_ratio"}) && !(c.gpu.sustained_ratio > 0 && c.gpu.sustained_ratio <= 1))
+    p.add("cluster.gpu.sustained_ratio=" + fmt_double(c.gpu.sustained_ratio) +
+          " must be in (0, 1] (sustained / burst matmul rate)");
   if (ok({"cluster.gpu.attention_efficiency"}) && !(c.gpu.attention_efficiency >= 0 && c.gpu.attention_efficiency <= 1))
     p.add("cluster.gpu.attention_efficiency=" + fmt_double(c.gpu.attention_efficiency) +
           " must be in [0, 1] (0: use gemm_efficiency)");

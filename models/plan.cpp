@@ -747,6 +747,17 @@ class Builder {
 
 }  // namespace
 
+std::map<std::string, int64_t> time_source_counts(const StepPlan& plan) {
+  std::array<int64_t, calib::kTimeSources> n{};
+  for (const auto& st : plan.stages)
+    for (const auto& op : st.ops)
+      if (op.type == OpType::compute) ++n[static_cast<size_t>(op.time_source)];
+  std::map<std::string, int64_t> out;
+  for (int i = 0; i < calib::kTimeSources; ++i)
+    if (const int64_t c = n[static_cast<size_t>(i)]; c > 0) out[calib::to_string(static_cast<calib::TimeSource>(i))] = c;
+  return out;
+}
+
 StepPlan build_step_plan(const Experiment& exp) {
   validate_experiment(exp);
   StepPlan plan;

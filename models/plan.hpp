@@ -24,6 +24,7 @@
 //  - Adam runs after gradient sync.
 #include <cstdint>
 #include <string>
+#include <map>
 #include <vector>
 
 #include "models/calibration/profile.hpp"
@@ -136,6 +137,13 @@ struct Op {
   /// (gemm_linear) and bf16 for the others (the unfused attention GEMMs).
   calib::GemmShape gemm;
   bool gemm_linear = false;
+  /// A grouped GEMM (the routed experts'): the number of GEMMs, one per local expert, that
+  /// `gemm` is the sum of; 1 = a single GEMM. The experts share the token rows: m of a
+  /// forward or input-gradient GEMM, k (the reduction over tokens) of a weight gradient
+  /// (gemm_group_split_k). Kernel tables time it as gemm_groups GEMMs of ceil(rows /
+  /// gemm_groups) rows each (kernel_for_op); the roofline as one GEMM of the whole shape.
+  int32_t gemm_groups = 1;
+  bool gemm_group_split_k = false;
 
   // collective / issue / wait
   CommKind kind = CommKind::TP;
@@ -253,6 +261,10 @@ struct StepPlan {
 /// cost model (models/compute_cost.hpp). Throws InputError when the experiment is
 /// invalid (validate_experiment).
 StepPlan build_step_plan(const Experiment& exp);
+
+/// Compute ops of `plan` per calib::TimeSource (to_string name), over every stage; sources
+/// with no op are left out. StepResult::time_sources.
+std::map<std::string, int64_t> time_source_counts(const StepPlan& plan);
 
 /// The ops of one backward part (BackwardPart) of layer 0, of the head and of the
 /// embedding for micro-batch 0, as build_step_plan emits them on stage 0 (the head as if

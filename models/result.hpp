@@ -86,6 +86,11 @@ struct StepResult {
   std::map<std::string, CommStats> comm;  // mean over stages, keyed "TP","CP","PP","DP"
   std::vector<StageResult> stages;
   std::map<std::string, std::string> engine_config;  // SimGrid flags actually set
+  /// Where the compute times came from: compute ops of the step plan (every stage and
+  /// micro-batch; one stage's ops stand for all its ranks) per calib::TimeSource name
+  /// ("roofline", "table-interpolated", ...); sources with no op are left out
+  /// (time_source_counts, models/plan.hpp).
+  std::map<std::string, int64_t> time_sources;
   double wall_clock_s = 0;    // host seconds the simulation took (not in JSON golden compare)
 };
 

@@ -82,6 +82,9 @@ nlohmann::json to_json(const StepResult& r) {
   nlohmann::json cfg = nlohmann::json::object();
   for (const auto& [k, v] : r.engine_config) cfg[k] = v;
   j["engine_config"] = std::move(cfg);
+  nlohmann::json src = nlohmann::json::object();
+  for (const auto& [k, v] : r.time_sources) src[k] = v;
+  j["time_sources"] = std::move(src);
   // wall_clock_s deliberately omitted: it differs from run to run.
   return j;
 }

@@ -67,6 +67,9 @@ StepResult result_from_json_text(const std::string& text) {
     }
     for (auto it = j.at("engine_config").begin(); it != j.at("engine_config").end(); ++it)
       r.engine_config[it.key()] = it.value().get<std::string>();
+    if (j.contains("time_sources"))  // absent in results written before it existed
+      for (auto it = j.at("time_sources").begin(); it != j.at("time_sources").end(); ++it)
+        r.time_sources[it.key()] = it.value().get<int64_t>();
     return r;
   } catch (const nlohmann::json::exception& ex) {
     throw std::runtime_error(std::string("malformed result JSON: ") + ex.what());

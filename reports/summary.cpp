@@ -147,6 +147,19 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   line("compute", format_duration(r.compute_s));
   line("bubble", format_duration(r.bubble_s));
   line("optimizer", format_duration(r.optimizer_s));
+  {  // where the compute times came from (StepResult::time_sources), most ops first
+    std::vector<std::pair<int64_t, std::string>> src;
+    for (const auto& [k, v] : r.time_sources) src.emplace_back(-v, k);
+    std::sort(src.begin(), src.end());
+    std::string text;
+    for (const auto& [neg, k] : src)
+      text += (text.empty() ? "" : ", ") + with_thousands(static_cast<double>(-neg)) + " " + k;
+    const GpuSpec& g = exp.cluster.gpu;
+    const std::string from = !g.profile.empty()        ? "profile " + printable(g.profile)
+                             : !g.kernel_tables.empty() ? "GEMM tables " + g.kernel_tables
+                                                        : "roofline only";
+    if (!text.empty()) line("kernel times", text + " compute ops (" + from + ")");
+  }
   o += '\n';
 
   // --- communication per kind ---------------------------------------------------------

@@ -882,6 +882,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
   r.folded = true;
   r.gpus = e.cluster.gpus();
   r.simulated_ranks = 0;
+  r.time_sources = time_source_counts(build_step_plan(e));  // the plan the SimGrid engine would run
   r.step_time_s = est.step_time_s;
   r.tokens_per_step = d(e.training.global_batch) * d(e.training.seq_len);
   r.tokens_per_s = est.tokens_per_s;

@@ -685,6 +685,7 @@ StepResult Simulation::run() {
   res.folded = opts_.fold;
   res.gpus = e.cluster.gpus();
   res.simulated_ranks = static_cast<int64_t>(ranks_.size());
+  res.time_sources = time_source_counts(plan_);
   for (auto& rs : ranks_) res.step_time_s = std::max(res.step_time_s, rs->stats.finish_s);
   const double tokens = static_cast<double>(e.training.global_batch * e.training.seq_len);
   res.tokens_per_step = tokens;

@@ -46,6 +46,13 @@ constexpr double kA100GemmEfficiency = 271.2 / 312.0;  // 0.869, MAMF (burst)
 constexpr double kH200GemmEfficiency = 755.0 / 989.0;  // 0.763, MSMF (sustained)
 constexpr double kB200GemmEfficiency = 1429.0 / 2250.0;  // 0.635, MSMF (sustained)
 //
+// sustained_ratio: what the shipped kernel tables (burst measurements) are divided by. The
+// same source's H200 pair gives sustained / burst = MSMF / MAMF = 755 / 834 = 0.905; H100
+// (and H800) take it by the same-die assumption as above. A100 and B200: no published pair
+// (A100 has MAMF only, B200 MSMF only), so 1: their tables are used as measured (stated
+// assumption; their times are then upper bounds on the rate).
+constexpr double kHopperSustainedRatio = 755.0 / 834.0;  // 0.905, H200 MSMF / MAMF
+//
 // kernel_overhead: raw cuLaunchKernel cost measured in meta-pytorch/tritonbench PR #1017
 // (2026-04-14, GB200): 3.0 us with 0 arguments, 3.3 us with 19 arguments; we take the
 // 19-argument figure because real kernels carry arguments. Corroborated by
@@ -89,6 +96,10 @@ const std::vector<Entry>& registry() {
       g.kernel_overhead = kLaunchOverhead;
       g.sm_count = 108;  // NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), Table 1: 108 SMs on A100 SXM4
       g.attention_efficiency = 0.50;  // A100: Dao 2023, FlashAttention-2 (arXiv 2307.08691), abstract: "50-73% of the theoretical maximum FLOPs/s on A100"; the 73% is forward-only (Sec 4.1), so forward+backward training takes the lower end, 0.50
+      // GEMM times: shipped kernel table a100_sxm, measured on "NVIDIA A100-SXM4-80GB"
+      // (SGLang 0.5.10 collection of NVIDIA aiconfigurator, commit 095f58a5, Apache-2.0;
+      // models/calibration/tables/README.md).
+      g.kernel_tables = "a100_sxm";
       v.push_back({g});
     }
 
@@ -115,6 +126,11 @@ const std::vector<Entry>& registry() {
       g.kernel_overhead = kLaunchOverhead;
       g.sm_count = 132;  // NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 2: 132 SMs on H100 SXM5
       g.attention_efficiency = 0.35;  // H100: Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35% utilization on H100"; FA2-class kernels are what 2024 training stacks ran (FA3: 75% forward, not yet the default)
+      // GEMM times: shipped kernel table h100_sxm, measured on "NVIDIA H100 80GB HBM3"
+      // (vLLM 0.24.0 collection of NVIDIA aiconfigurator, commit 095f58a5, Apache-2.0;
+      // models/calibration/tables/README.md).
+      g.kernel_tables = "h100_sxm";
+      g.sustained_ratio = kHopperSustainedRatio;  // see top of file
       v.push_back({g});
     }
 
@@ -139,6 +155,11 @@ const std::vector<Entry>& registry() {
       g.kernel_overhead = kLaunchOverhead;
       g.sm_count = 132;  // same GH100 die as H100 SXM5 (NVIDIA H200 product brief: H200 is built on Hopper): 132 SMs
       g.attention_efficiency = 0.35;  // H200: same GH100 compute as H100; the H100 FlashAttention-2 figure (Shah et al. 2024) applies
+      // GEMM times: shipped kernel table h200_sxm, measured on "NVIDIA H200"
+      // (vLLM 0.24.0 collection of NVIDIA aiconfigurator, commit 095f58a5, Apache-2.0;
+      // models/calibration/tables/README.md).
+      g.kernel_tables = "h200_sxm";
+      g.sustained_ratio = kHopperSustainedRatio;  // see top of file
       v.push_back({g});
     }
 
@@ -165,13 +186,18 @@ const std::vector<Entry>& registry() {
       g.kernel_overhead = kLaunchOverhead;  // measured on GB200 (same generation)
       g.sm_count = 148;  // 148 SMs as reported for B200 (two reticle dies; NVIDIA Blackwell architecture technical brief does not tabulate SMs; secondary sources, partially verified)
       g.attention_efficiency = 0.35;  // B200: no published fused-attention utilization found; assumed equal to the Hopper FlashAttention-2 figure (Shah et al. 2024) - an assumption, not a measurement
+      // GEMM times: shipped kernel table b200_sxm, measured on "NVIDIA B200"
+      // (vLLM 0.24.0 collection of NVIDIA aiconfigurator, commit 095f58a5, Apache-2.0;
+      // models/calibration/tables/README.md).
+      g.kernel_tables = "b200_sxm";
       v.push_back({g});
     }
     {  // NVIDIA H800 SXM5 80GB: the export H100 (same GH100 die, clocks, HBM3 and SMs; NVLink cut
        // to 400 GB/s bidirectional, dgx-h800 in topologies/node_presets.cpp). Every compute
        // figure is the H100-SXM5-80GB preset's (hardware.csv "H800 SXM" lists only its
        // NVLink; DeepSeek-V3 report arXiv 2412.19437 Sec 3.1 trains on "H800 GPUs").
-      GpuSpec g = v[1].spec;  // H100-SXM5-80GB: every figure and its source as cited there
+      GpuSpec g = v[1].spec;  // H100-SXM5-80GB: every figure and its source as cited there,
+                              // and its GEMM table (same die and clocks: the H100's times apply)
       g.name = "H800-SXM5-80GB";  // NVIDIA's SKU name (hardware.csv "H800 SXM")
       v.push_back({g});
     }

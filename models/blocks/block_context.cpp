@@ -71,6 +71,10 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
   op.kernels = kernels;
   op.gemm.trans_a = transpose == Transpose::a;
   op.gemm.trans_b = transpose == Transpose::b;
+  if (weight_copies > 1) {
+    op.gemm_groups = static_cast<int32_t>(weight_copies);
+    op.gemm_group_split_k = weight_is_output;
+  }
   append_compute(op, 1.0);
 }
 

@@ -71,6 +71,12 @@ std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
   k.kind = KernelClass::gemm;
   k.gemm = op.gemm;
   k.gemm.dtype = op.gemm_linear ? exp.training.dtype : Dtype::bf16;
+  if (op.gemm_groups > 1) {
+    // A grouped GEMM: one GEMM per local expert over its share of the token rows.
+    int64_t& rows = op.gemm_group_split_k ? k.gemm.k : k.gemm.m;
+    rows = (rows + op.gemm_groups - 1) / op.gemm_groups;
+    r.count = op.gemm_groups;
+  }
   return r;
 }
 

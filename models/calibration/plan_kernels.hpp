@@ -12,9 +12,11 @@
 
 namespace dtsim::calib {
 
-/// A compute op as `count` back-to-back runs of one kernel (count > 1 only for CP
-/// "attention*_remote": (cp-1)/2 non-causal s/cp x s/cp blocks, the causal work of the
-/// load-balanced ring, Liu 2023 Ring Attention / Megatron-Core CP).
+/// A compute op as `count` back-to-back runs of one kernel: CP "attention*_remote" runs
+/// (cp-1)/2 non-causal s/cp x s/cp blocks, the causal work of the load-balanced ring (Liu
+/// 2023 Ring Attention / Megatron-Core CP); a grouped expert GEMM runs one GEMM per local
+/// expert (Op::gemm_groups) of ceil(rows / experts) token rows, the experts' equal share of
+/// the busiest rank's rows (models/moe.hpp; an expert's own imbalance is not modelled).
 struct OpKernel {
   KernelSpec spec;
   double count = 1;

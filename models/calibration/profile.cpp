@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "models/calibration/gemm_table.hpp"
 #include "models/errors.hpp"
 #include "models/input_files.hpp"
 #include "models/yaml_text.hpp"
@@ -24,6 +25,9 @@ const char* to_string(TimeSource s) {
     case TimeSource::profile_exact: return "profile-exact";
     case TimeSource::profile_interpolated: return "profile-interpolated";
     case TimeSource::profile_fitted: return "profile-fitted";
+    case TimeSource::table_exact: return "table-exact";
+    case TimeSource::table_interpolated: return "table-interpolated";
+    case TimeSource::table_extrapolated: return "table-extrapolated";
   }
   return "?";
 }
@@ -162,6 +166,18 @@ std::optional<double> interpolate(std::vector<std::pair<double, double>> pts, do
 }
 }  // namespace
 
+bool ComputeProfile::has_data_for(KernelClass c) const {
+  for (const auto& m : measurements)
+    if (m.spec.kind == c) return true;
+  switch (c) {
+    case KernelClass::gemm: return !gemm_tables.empty() || !gemm_models.empty();
+    case KernelClass::attention: return !attention_models.empty();
+    case KernelClass::memory: return !memory_models.empty();
+    case KernelClass::optimizer: return optimizer_model.valid();
+  }
+  return false;
+}
+
 std::optional<ProfileTime> ComputeProfile::lookup(const KernelSpec& k) const {
   auto same_gemm = [](const GemmShape& a, const GemmShape& b) {
     return a.m == b.m && a.n == b.n && a.k == b.k && a.dtype == b.dtype && a.trans_a == b.trans_a &&
@@ -182,6 +198,10 @@ std::optional<ProfileTime> ComputeProfile::lookup(const KernelSpec& k) const {
     }
     if (exact) return ProfileTime{m.time_s, TimeSource::profile_exact};
   }
+  if (k.kind == KernelClass::gemm)
+    for (const GemmTable* t : gemm_tables)
+      if (t->dtype == k.gemm.dtype)
+        if (auto r = t->lookup(k.gemm)) return r;
   // Interpolation between measured neighbours.
   std::vector<std::pair<double, double>> pts;
   double x = 0;

@@ -26,8 +26,11 @@
 //
 // Lookup order for a kernel (ComputeProfile::lookup): exact shape -> interpolation
 // between measured neighbours (memory kernels of the same name by bytes, the optimizer by
-// parameter count, attention of the same heads/head_dim/mask/pass by executed FLOPs) ->
+// parameter count, attention of the same heads/head_dim/mask/pass by executed FLOPs; GEMMs:
+// the profile's kernel tables of the GEMM's dtype, models/calibration/gemm_table.hpp) ->
 // fitted model -> nothing (the caller falls back to the roofline, models/compute_cost.hpp).
+// The profiles dtsim ships for its GPU presets (ComputeProfile::shipped) hold kernel tables
+// only; a profile file written by `dtsim calibrate` holds measurements and models.
 //
 // GEMM model, with tile and wave quantisation (NVIDIA, "Matrix Multiplication Background
 // User's Guide", Deep Learning Performance documentation, sections "Tile Quantization" and
@@ -44,14 +47,28 @@
 // t = params / params_per_s + overhead_s.
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/calibration/kernel_spec.hpp"
 
 namespace dtsim::calib {
 
-/// Where an op's time came from (report it per op).
-enum class TimeSource { roofline, profile_exact, profile_interpolated, profile_fitted };
+class GemmTable;  // models/calibration/gemm_table.hpp
+
+/// Where an op's time came from (report it per op): the roofline; a measured profile's
+/// exact point, interpolation or fitted model; a kernel table's exact point, interpolation
+/// inside its grid, or extrapolation outside it (models/calibration/gemm_table.hpp).
+enum class TimeSource {
+  roofline,
+  profile_exact,
+  profile_interpolated,
+  profile_fitted,
+  table_exact,
+  table_interpolated,
+  table_extrapolated
+};
+inline constexpr int kTimeSources = 7;
 const char* to_string(TimeSource);
 
 struct DeviceIdentity {
@@ -127,6 +144,14 @@ class ComputeProfile {
   std::vector<AttentionModel> attention_models;
   std::vector<BandwidthModel> memory_models;
   OptimizerModel optimizer_model;
+  /// Measured GEMM grids consulted after exact measurements (one per dtype at most); they
+  /// live for the whole process (shipped_gemm_table).
+  std::vector<const GemmTable*> gemm_tables;
+
+  /// The profile dtsim ships for `system` (a kernel-table name: a100_sxm, h100_sxm, h200_sxm,
+  /// b200_sxm; the GPU presets name theirs, GpuSpec::kernel_tables): its GEMM tables, built
+  /// once per process (thread-safe). nullptr when dtsim ships no table for `system`.
+  static const ComputeProfile* shipped(std::string_view system);
 
   /// Reads and validates a profile file; fits the models when the file has none.
   /// Throws InputError naming the file and key of every problem.
@@ -138,6 +163,10 @@ class ComputeProfile {
   /// needs device.sm_count > 0 and >= 1 measurement; memory: per name with >= 2 distinct
   /// sizes, plus "*" over all; attention: per pass; optimizer: over all.
   void fit_models();
+
+  /// Whether the profile holds anything (measurements, tables, models) for kernels of class
+  /// `c`; lookup of such a kernel returns nullopt when not.
+  bool has_data_for(KernelClass c) const;
 
   /// Exact, interpolated or fitted time for a kernel; nullopt when the profile cannot say.
   std::optional<ProfileTime> lookup(const KernelSpec& k) const;

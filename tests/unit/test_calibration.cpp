@@ -296,7 +296,7 @@ TEST(CalibrationCost, ProfileSourcesInThePlan) {
 }
 
 TEST(CalibrationCost, NoProfileIsTheRoofline) {
-  const Experiment e = load_experiment(kLlama);
+  const Experiment e = load_experiment(kLlama, {"cluster.gpu.kernel_tables=none"});
   EXPECT_EQ(experiment_profile(e), nullptr);
   const StepPlan plan = build_step_plan(e);
   for (const auto& op : plan.stages[0].ops)

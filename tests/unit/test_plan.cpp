@@ -196,6 +196,7 @@ TEST(Plan, RingCostsFollowNcclTestsConvention) {
 
 TEST(Plan, ComputeOpsAreTimedByTheRoofline) {
   auto e = exp_of("{dp: 4, tp: 2, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}");
+  e.cluster.gpu.kernel_tables.clear();  // the roofline alone (cluster.gpu.kernel_tables: none)
   const auto plan = build_step_plan(e);
   const auto& gpu = e.cluster.gpu;
   int partial_waves = 0;
