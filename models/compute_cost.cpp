@@ -90,13 +90,15 @@ ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_w
   const auto t = prof->lookup(k->spec);
   if (!t) return roof;
   double seconds = t->seconds * k->count;
-  const bool table = t->source == calib::TimeSource::table_exact || t->source == calib::TimeSource::table_interpolated ||
+  const bool table = t->source == calib::TimeSource::table_exact ||
+                     t->source == calib::TimeSource::table_interpolated ||
                      t->source == calib::TimeSource::table_extrapolated;
   if (table) {
     // Kernel tables were timed in short bursts at boost clocks (GpuSpec::sustained_ratio)
     // and inside a CUDA graph, without launches: the op pays each of its launches as every
     // roofline op does (gpu.kernel_overhead).
-    seconds = seconds / std::clamp(gpu.sustained_ratio, 1e-6, 1.0) + gpu.kernel_overhead * std::max<int32_t>(op.kernels, 1);
+    seconds = seconds / std::clamp(gpu.sustained_ratio, 1e-6, 1.0) +
+              gpu.kernel_overhead * std::max<int32_t>(op.kernels, 1);
   } else if (k->count == 1 && op.kernels > 1) {
     // A multi-launch op timed as one kernel (cross_entropy: 6) pays the other launches.
     seconds += gpu.kernel_overhead * (op.kernels - 1);

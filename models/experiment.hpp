@@ -318,6 +318,15 @@ struct Published {
   bool tflops_includes_recompute = false;
   double mfu = 0;             // model FLOPs utilization, fraction in [0,1]
   std::string source;         // paper / table / row
+  /// Published per-GPU memory (`published.memory`), compared by `dtsim validate` with
+  /// stage_memory (models/memory.hpp) of pipeline stage `stage`: model states (params +
+  /// grads + optimizer), activations, or the peak; bytes; 0 = not published.
+  struct MemoryPoint {
+    int64_t stage = 0;
+    double bytes = 0;
+  };
+  MemoryPoint model_states, activations, peak_memory;
+  std::string memory_source;  // published.memory.source
 };
 
 struct Experiment {

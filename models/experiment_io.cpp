@@ -4,6 +4,7 @@
 // Schema (every key not listed here is an error naming its dotted path):
 //   title: string (optional)
 //   published: {step_time_s, tflops_per_gpu, tflops_basis (model|hardware; model), mfu,
+//          memory {source, model_states|activations|peak: {stage (0), value (bytes)}},
 //          source} (optional)
 //   model: name, layers, hidden, heads, kv_heads (= heads), ffn_hidden, activation
 //          (gelu|swiglu), vocab, tied_embeddings, norm (layernorm|rmsnorm), position
@@ -41,6 +42,7 @@
 //          moe_token_dispatcher (alltoall|deepep|hybridep; alltoall), moe_deepep_num_sms (20),
 //          moe_hybridep_num_sms (24), delay_wgrad_compute (false), moe_shared_expert_overlap
 //          (false), overlap_moe_expert_parallel_comm (false; refused: not simulated)
+#include "models/calibration/gemm_table.hpp"
 #include "models/experiment_io.hpp"
 
 #include <algorithm>
@@ -73,7 +75,6 @@
 #include "models/yaml_text.hpp"
 #include "topologies/collective_names.hpp"
 #include "topologies/fabrics/fabric.hpp"
-#include "models/calibration/gemm_table.hpp"
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
 
@@ -120,7 +121,11 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher", "moe_deepep_num_sms",
         "moe_hybridep_num_sms",
         "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap"}},
-      {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source"}},
+      {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source", "memory"}},
+      {"published.memory", {"source", "model_states", "activations", "peak"}},
+      {"published.memory.model_states", {"stage", "value"}},
+      {"published.memory.activations", {"stage", "value"}},
+      {"published.memory.peak", {"stage", "value"}},
   };
   auto it = schema.find(map_path);
   return it == schema.end() ? nullptr : &it->second;
@@ -833,6 +838,21 @@ Published read_published(Reader r) {
   static const Choices<bool> kBases = {{"model", false}, {"hardware", true}};
   set_if(p.tflops_includes_recompute, r.choice("tflops_basis", kBases));
   set_if(p.source, r.text("source"));
+  if (r.has("memory")) {
+    Reader m(r.ctx(), r.child("memory"), r.path("memory"));
+    if (m.check_map()) {
+      set_if(p.memory_source, m.text("source"));
+      for (auto [key, point] : {std::pair{"model_states", &p.model_states}, std::pair{"activations", &p.activations},
+                                std::pair{"peak", &p.peak_memory}}) {
+        if (!m.has(key)) continue;
+        Reader q(m.ctx(), m.child(key), m.path(key));
+        if (!q.check_map()) continue;
+        set_if(point->stage, q.integer("stage"));  // optional: 0, the first stage
+        set_if(point->bytes, q.quantity("value", Quantity::bytes));
+        if (!q.has("value")) q.require("value", "the published bytes per GPU, e.g. 45.5 GiB");
+      }
+    }
+  }
   return p;
 }
 
@@ -1260,6 +1280,16 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   non_negative("published.tflops_per_gpu", e.published.tflops_per_gpu, "TFLOP/s");
   if (ok({"published.mfu"}) && !(e.published.mfu >= 0 && e.published.mfu <= 1))
     p.add("published.mfu=" + fmt_double(e.published.mfu) + " must be a fraction in [0, 1]");
+  for (auto [key, point] : {std::pair{"model_states", &e.published.model_states},
+                            std::pair{"activations", &e.published.activations},
+                            std::pair{"peak", &e.published.peak_memory}}) {
+    // The stage is checked against layout.pp by `dtsim validate` (sim/validate.cpp), which
+    // compares the experiment as written; sweeps and overrides may change its layout.
+    const std::string k = std::string("published.memory.") + key;
+    if (ok({k + ".stage"}) && point->stage < 0)
+      p.add(k + ".stage=" + std::to_string(point->stage) + " must be >= 0 (a pipeline stage)");
+    non_negative(k + ".value", point->bytes, "B");
+  }
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "models/memory.hpp"
 #include "models/path_problem.hpp"
 #include "models/yaml_text.hpp"
 #include "reports/terminal_text.hpp"
@@ -74,8 +76,39 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
     }
     const Experiment e = load_experiment(file);
     const Published& pub = e.published;
+    bool memory = false;
+    struct MemoryMetric {
+      const char* key;     // published.memory.<key>
+      const char* metric;  // the row's metric
+      const Published::MemoryPoint* point;
+    };
+    for (const MemoryMetric& mm : {MemoryMetric{"model_states", "model states (GiB)", &pub.model_states},
+                                   MemoryMetric{"activations", "activations (GiB)", &pub.activations},
+                                   MemoryMetric{"peak", "peak memory (GiB)", &pub.peak_memory}}) {
+      if (!(mm.point->bytes > 0)) continue;
+      if (mm.point->stage >= e.layout.pp)
+        throw InputError(file + ": published.memory." + mm.key + ".stage=" + std::to_string(mm.point->stage) +
+                         " is not a pipeline stage (layout.pp=" + std::to_string(e.layout.pp) + ": 0.." +
+                         std::to_string(e.layout.pp - 1) + ")");
+      const MemoryBreakdown mb = stage_memory(e, mm.point->stage);
+      const std::string_view key = mm.key;
+      const double ours = key == "model_states"  ? mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes
+                          : key == "activations" ? mb.activations_bytes
+                                                 : mb.peak_bytes;
+      constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+      ValidationRow row;
+      row.file = file;
+      row.title = e.title + " (stage " + std::to_string(mm.point->stage) + ")";
+      row.source = pub.memory_source;
+      row.metric = mm.metric;
+      row.published = mm.point->bytes / GiB;
+      row.simulated = ours / GiB;
+      row.error_pct = 100.0 * (ours - mm.point->bytes) / mm.point->bytes;
+      rep.memory_rows.push_back(row);
+      memory = true;
+    }
     if (!(pub.step_time_s > 0) && !(pub.tflops_per_gpu > 0) && !(pub.mfu > 0)) {
-      rep.skipped.push_back(file);
+      if (!memory) rep.skipped.push_back(file);
       continue;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -109,6 +142,12 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
     rep.worst_pct = std::max(rep.worst_pct, std::fabs(row.error_pct));
   }
   rep.mape_pct = rep.rows.empty() ? 0.0 : sum / static_cast<double>(rep.rows.size());
+  double msum = 0;
+  for (const auto& row : rep.memory_rows) {
+    msum += std::fabs(row.error_pct);
+    rep.memory_worst_pct = std::max(rep.memory_worst_pct, std::fabs(row.error_pct));
+  }
+  rep.memory_mape_pct = rep.memory_rows.empty() ? 0.0 : msum / static_cast<double>(rep.memory_rows.size());
   return rep;
 }
 
@@ -126,6 +165,18 @@ std::string format_validation(const ValidationReport& rep) {
   }
   fmt::format_to(out, "\n{} experiments compared: MAPE {:.1f}%, worst {:.1f}%\n", rep.rows.size(), rep.mape_pct,
                  rep.worst_pct);
+  if (!rep.memory_rows.empty()) {
+    fmt::format_to(out, "\n{:<52} {:<24} {:>10} {:>10} {:>8}  {}\n", "memory per GPU", "metric", "published",
+                   "simulated", "error", "stage");
+    for (const auto& r : rep.memory_rows) {
+      const std::string name = printable(fs::path(r.file).stem().string());
+      const auto at = r.title.rfind("(stage ");
+      fmt::format_to(out, "{:<52} {:<24} {:>10.2f} {:>10.2f} {:>+7.1f}%  {}\n", name, r.metric, r.published,
+                     r.simulated, r.error_pct, at == std::string::npos ? std::string("-") : printable(r.title.substr(at)));
+    }
+    fmt::format_to(out, "\n{} memory points compared: MAPE {:.1f}%, worst {:.1f}%\n", rep.memory_rows.size(),
+                   rep.memory_mape_pct, rep.memory_worst_pct);
+  }
   if (!rep.skipped.empty()) fmt::format_to(out, "{} files without a published section skipped\n", rep.skipped.size());
   return o;
 }

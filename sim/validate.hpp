@@ -6,7 +6,8 @@
 // TFLOP/s per GPU on the source's basis (model FLOPs, or hardware FLOPs counting the
 // recomputed forward, Narayanan 2021 Eq. 3), else the MFU (in percent; its error is
 // relative, like the others). MFU is shown as well where published, but only the primary
-// metric enters the mean absolute percentage error (MAPE).
+// metric enters the mean absolute percentage error (MAPE). Published memory points are
+// compared too, in their own table (ValidationReport::memory_rows).
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ struct ValidationReport {
   std::vector<std::string> skipped;  // files without a published figure
   double mape_pct = 0;               // mean |error_pct| over rows
   double worst_pct = 0;              // max |error_pct|
+  /// Published per-GPU memory (published.memory) against stage_memory of the stated stage
+  /// (models/memory.hpp, the plan's memory facts; no simulation): metric "model states (GiB)"
+  /// (params + grads + optimizer), "activations (GiB)" or "peak memory (GiB)", with the
+  /// stage in the title. Their own MAPE and worst row; not part of the step-time figures.
+  std::vector<ValidationRow> memory_rows;
+  double memory_mape_pct = 0;
+  double memory_worst_pct = 0;
 };
 
 /// Every *.yaml under `paths` (files or directories, searched recursively, in sorted

@@ -1,4 +1,4 @@
-// dtsim validate [PATH]... [--max-mape PCT] [--max-row PCT]
+// dtsim validate [PATH]... [--max-mape PCT] [--max-row PCT] [--max-memory-row PCT]
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -30,6 +30,7 @@ struct ValidateOptions {
   std::vector<std::string> paths{"experiments"};
   double max_mape = 15.0;
   double max_row = 30.0;
+  double max_memory_row = 10.0;
 };
 }  // namespace
 
@@ -47,10 +48,15 @@ Command add_validate_command(CLI::App& app) {
       ->type_name("PCT")
       ->default_val(30.0)
       ->check(kNonNegativePercent);
+  cmd->add_option("--max-memory-row", o->max_memory_row,
+                  "Fail (exit 3) when any published memory point's error exceeds PCT")
+      ->type_name("PCT")
+      ->default_val(10.0)
+      ->check(kNonNegativePercent);
   return {cmd, [o] {
             const ValidationReport rep = validate_experiments(o->paths);
             // Nothing compared is not a pass: the paths hold no published run.
-            if (rep.rows.empty()) {
+            if (rep.rows.empty() && rep.memory_rows.empty()) {
               std::string paths;
               for (const auto& p : o->paths) paths += (paths.empty() ? "" : " ") + p;
               throw InputError(paths + ": no experiment with a published: section (step_time_s, tflops_per_gpu or mfu) "
@@ -61,10 +67,13 @@ Command add_validate_command(CLI::App& app) {
             }
             std::cout << format_validation(rep);
             const bool ok = rep.mape_pct <= o->max_mape && rep.worst_pct <= o->max_row;
+            const bool memory_ok = rep.memory_worst_pct <= o->max_memory_row;
             if (!ok)
               std::cout << fmt::format("FAIL: tolerance is MAPE <= {:.1f}% and every row <= {:.1f}%\n", o->max_mape,
                                        o->max_row);
-            return ok ? kExitOk : 3;
+            if (!memory_ok)
+              std::cout << fmt::format("FAIL: tolerance is every memory point <= {:.1f}%\n", o->max_memory_row);
+            return ok && memory_ok ? kExitOk : 3;
           }};
 }
 

@@ -71,7 +71,7 @@ inline TraceFacts check_trace(const nlohmann::json& j) {
       const double ts = ev.at("ts").get<double>(), dur = ev.at("dur").get<double>();
       rows[{pid, ev.at("tid").get<int64_t>()}].emplace_back(ts, ts + dur, ev.at("name").get<std::string>());
       const std::string cat = ev.at("cat");
-      if (cat == "TP" || cat == "CP" || cat == "PP" || cat == "DP") f.comm_s[pid][cat] += dur * 1e-6;
+      if (cat == "TP" || cat == "CP" || cat == "PP" || cat == "DP" || cat == "EP") f.comm_s[pid][cat] += dur * 1e-6;
     } else if (ph == "b" || ph == "e") {
       const std::string id = ev.at("id");
       auto& be = open.try_emplace(id, -1.0, -1.0).first->second;

@@ -547,7 +547,7 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key published.hfu (valid keys under published: step_time_s, "
-                     "tflops_per_gpu, tflops_basis, mfu, source)");
+                     "tflops_per_gpu, tflops_basis, mfu, source, memory)");
   }
 }
 
