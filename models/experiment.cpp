@@ -40,6 +40,15 @@ const char* to_string(Recompute r) {
   return "?";
 }
 
+const char* to_string(MemoryQuantity q) {
+  switch (q) {
+    case MemoryQuantity::model_states: return "model_states";
+    case MemoryQuantity::activations: return "activations";
+    case MemoryQuantity::peak: return "peak";
+  }
+  return "?";
+}
+
 const char* to_string(Dtype d) {
   switch (d) {
     case Dtype::bf16: return "bf16";

@@ -2,6 +2,7 @@
 // The four inputs of an experiment (model, cluster, layout, training), as plain data.
 // All quantities are in SI base units: bytes, seconds, FLOPs, FLOP/s, B/s.
 // Parsing and validation live in models/experiment_io.hpp.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -307,6 +308,12 @@ struct Training {
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };
 
+/// A per-GPU memory figure of one pipeline stage: model states (params + grads + optimizer
+/// state), activations, or the peak (models/memory.hpp MemoryBreakdown).
+enum class MemoryQuantity { model_states, activations, peak };
+inline constexpr MemoryQuantity kMemoryQuantities[] = {MemoryQuantity::model_states, MemoryQuantity::activations,
+                                                       MemoryQuantity::peak};
+
 /// A published measurement of this experiment (optional top-level `published:` map), kept
 /// so validation can compare against it. Zero means "not published".
 struct Published {
@@ -318,14 +325,14 @@ struct Published {
   bool tflops_includes_recompute = false;
   double mfu = 0;             // model FLOPs utilization, fraction in [0,1]
   std::string source;         // paper / table / row
-  /// Published per-GPU memory (`published.memory`), compared by `dtsim validate` with
-  /// stage_memory (models/memory.hpp) of pipeline stage `stage`: model states (params +
-  /// grads + optimizer), activations, or the peak; bytes; 0 = not published.
+  /// Published per-GPU memory (`published.memory.<to_string(MemoryQuantity)>`), indexed by
+  /// MemoryQuantity, compared by `dtsim validate` with stage_memory (models/memory.hpp
+  /// memory_quantity) of pipeline stage `stage`; bytes; 0 = not published.
   struct MemoryPoint {
     int64_t stage = 0;
     double bytes = 0;
   };
-  MemoryPoint model_states, activations, peak_memory;
+  std::array<MemoryPoint, 3> memory{};
   std::string memory_source;  // published.memory.source
 };
 
@@ -347,6 +354,7 @@ const char* to_string(Dtype);
 const char* to_string(Framework);
 const char* to_string(Schedule);
 const char* to_string(GradDtype);
+const char* to_string(MemoryQuantity);  // the YAML key: model_states, activations, peak
 const char* to_string(RouterScore);
 const char* to_string(RouterBalance);
 

@@ -842,8 +842,9 @@ Published read_published(Reader r) {
     Reader m(r.ctx(), r.child("memory"), r.path("memory"));
     if (m.check_map()) {
       set_if(p.memory_source, m.text("source"));
-      for (auto [key, point] : {std::pair{"model_states", &p.model_states}, std::pair{"activations", &p.activations},
-                                std::pair{"peak", &p.peak_memory}}) {
+      for (MemoryQuantity mq : kMemoryQuantities) {
+        const char* key = to_string(mq);
+        Published::MemoryPoint* point = &p.memory[static_cast<size_t>(mq)];
         if (!m.has(key)) continue;
         Reader q(m.ctx(), m.child(key), m.path(key));
         if (!q.check_map()) continue;
@@ -1280,9 +1281,9 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   non_negative("published.tflops_per_gpu", e.published.tflops_per_gpu, "TFLOP/s");
   if (ok({"published.mfu"}) && !(e.published.mfu >= 0 && e.published.mfu <= 1))
     p.add("published.mfu=" + fmt_double(e.published.mfu) + " must be a fraction in [0, 1]");
-  for (auto [key, point] : {std::pair{"model_states", &e.published.model_states},
-                            std::pair{"activations", &e.published.activations},
-                            std::pair{"peak", &e.published.peak_memory}}) {
+  for (MemoryQuantity mq : kMemoryQuantities) {
+    const char* key = to_string(mq);
+    const Published::MemoryPoint* point = &e.published.memory[static_cast<size_t>(mq)];
     // The stage is checked against layout.pp by `dtsim validate` (sim/validate.cpp), which
     // compares the experiment as written; sweeps and overrides may change its layout.
     const std::string k = std::string("published.memory.") + key;

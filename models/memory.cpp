@@ -405,4 +405,13 @@ PeakMemory peak_memory(const Experiment& e) {
   return best;
 }
 
+double memory_quantity(const MemoryBreakdown& mb, MemoryQuantity q) {
+  switch (q) {
+    case MemoryQuantity::model_states: return mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes;
+    case MemoryQuantity::activations: return mb.activations_bytes;
+    case MemoryQuantity::peak: return mb.peak_bytes;
+  }
+  return 0;
+}
+
 }  // namespace dtsim

@@ -212,6 +212,10 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage);
 /// stage_parameters_per_rank).
 MemoryBreakdown stage_memory(const Experiment& e, int64_t stage);
 
+/// One figure of a stage's breakdown, bytes: model states = params + grads + optimizer,
+/// activations, or the peak (what `dtsim validate` compares with published.memory).
+double memory_quantity(const MemoryBreakdown& mb, MemoryQuantity q);
+
 /// The buffers of other_bytes, bytes per rank.
 struct StageBuffers {
   /// ZeRO-3 (dp * cp > 1), 16-bit, gathered whole over DP x CP (still TP-sharded): the

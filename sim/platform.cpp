@@ -46,6 +46,12 @@ const std::vector<std::pair<std::string, std::string>>& model_flags() {
       {"network/latency-factor", "1.0"},
       {"network/weight-S", "0"},
       {"maxmin/precision", "1e-9"},
+      // SimGrid 3.32 ends an activity once less than this remains (surf/precision, "Numerical
+      // precision used when updating simulation times", default 1e-9 s): a kernel timed
+      // with an acquire timeout (sim/simgrid_engine.cpp run_kernels) could end up to 1e-9 s
+      // early, so a stage's summed slowdown dipped below zero by ~1e-9 s over thousands of
+      // kernels. 1e-12 s keeps every step's books exact to its 1e-9 relative accounting.
+      {"surf/precision", "1e-12"},
   };
   return flags;
 }

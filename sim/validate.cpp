@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <string_view>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -77,33 +76,26 @@ ValidationReport validate_experiments(const std::vector<std::string>& paths) {
     const Experiment e = load_experiment(file);
     const Published& pub = e.published;
     bool memory = false;
-    struct MemoryMetric {
-      const char* key;     // published.memory.<key>
-      const char* metric;  // the row's metric
-      const Published::MemoryPoint* point;
-    };
-    for (const MemoryMetric& mm : {MemoryMetric{"model_states", "model states (GiB)", &pub.model_states},
-                                   MemoryMetric{"activations", "activations (GiB)", &pub.activations},
-                                   MemoryMetric{"peak", "peak memory (GiB)", &pub.peak_memory}}) {
-      if (!(mm.point->bytes > 0)) continue;
-      if (mm.point->stage >= e.layout.pp)
-        throw InputError(file + ": published.memory." + mm.key + ".stage=" + std::to_string(mm.point->stage) +
+    for (MemoryQuantity mq : kMemoryQuantities) {
+      const Published::MemoryPoint& point = pub.memory[static_cast<size_t>(mq)];
+      if (!(point.bytes > 0)) continue;
+      if (point.stage >= e.layout.pp)
+        throw InputError(file + ": published.memory." + to_string(mq) + ".stage=" + std::to_string(point.stage) +
                          " is not a pipeline stage (layout.pp=" + std::to_string(e.layout.pp) + ": 0.." +
                          std::to_string(e.layout.pp - 1) + ")");
-      const MemoryBreakdown mb = stage_memory(e, mm.point->stage);
-      const std::string_view key = mm.key;
-      const double ours = key == "model_states"  ? mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes
-                          : key == "activations" ? mb.activations_bytes
-                                                 : mb.peak_bytes;
+      const double ours = memory_quantity(stage_memory(e, point.stage), mq);
       constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
       ValidationRow row;
       row.file = file;
-      row.title = e.title + " (stage " + std::to_string(mm.point->stage) + ")";
+      row.title = e.title;
       row.source = pub.memory_source;
-      row.metric = mm.metric;
-      row.published = mm.point->bytes / GiB;
+      row.metric = mq == MemoryQuantity::model_states  ? "model states (GiB)"
+                   : mq == MemoryQuantity::activations ? "activations (GiB)"
+                                                       : "peak memory (GiB)";
+      row.stage = point.stage;
+      row.published = point.bytes / GiB;
       row.simulated = ours / GiB;
-      row.error_pct = 100.0 * (ours - mm.point->bytes) / mm.point->bytes;
+      row.error_pct = 100.0 * (ours - point.bytes) / point.bytes;
       rep.memory_rows.push_back(row);
       memory = true;
     }
@@ -170,9 +162,8 @@ std::string format_validation(const ValidationReport& rep) {
                    "simulated", "error", "stage");
     for (const auto& r : rep.memory_rows) {
       const std::string name = printable(fs::path(r.file).stem().string());
-      const auto at = r.title.rfind("(stage ");
       fmt::format_to(out, "{:<52} {:<24} {:>10.2f} {:>10.2f} {:>+7.1f}%  {}\n", name, r.metric, r.published,
-                     r.simulated, r.error_pct, at == std::string::npos ? std::string("-") : printable(r.title.substr(at)));
+                     r.simulated, r.error_pct, r.stage);
     }
     fmt::format_to(out, "\n{} memory points compared: MAPE {:.1f}%, worst {:.1f}%\n", rep.memory_rows.size(),
                    rep.memory_mape_pct, rep.memory_worst_pct);

@@ -25,6 +25,7 @@ struct ValidationRow {
   double published_mfu = 0;   // 0 when not published
   double simulated_mfu = 0;
   std::string source;
+  int64_t stage = 0;       // memory rows: the pipeline stage compared
   double wall_s = 0;       // host seconds the simulation took
 };
 
@@ -35,8 +36,8 @@ struct ValidationReport {
   double worst_pct = 0;              // max |error_pct|
   /// Published per-GPU memory (published.memory) against stage_memory of the stated stage
   /// (models/memory.hpp, the plan's memory facts; no simulation): metric "model states (GiB)"
-  /// (params + grads + optimizer), "activations (GiB)" or "peak memory (GiB)", with the
-  /// stage in the title. Their own MAPE and worst row; not part of the step-time figures.
+  /// (params + grads + optimizer), "activations (GiB)" or "peak memory (GiB)", of
+  /// ValidationRow::stage. Their own MAPE and worst row; not part of the step-time figures.
   std::vector<ValidationRow> memory_rows;
   double memory_mape_pct = 0;
   double memory_worst_pct = 0;
