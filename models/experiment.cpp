@@ -66,6 +66,15 @@ const char* to_string(Framework f) {
   return "?";
 }
 
+const char* to_string(CudaGraphs g) {
+  switch (g) {
+    case CudaGraphs::none: return "none";
+    case CudaGraphs::layers: return "layers";
+    case CudaGraphs::full_iteration: return "full_iteration";
+  }
+  return "?";
+}
+
 const char* to_string(Schedule s) { return sched::schedule_of(s).name(); }
 
 const char* to_string(GradDtype g) {

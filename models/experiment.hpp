@@ -15,6 +15,12 @@ enum class Position { learned, rope };
 enum class Recompute { none, selective, full };
 enum class Dtype { bf16, fp8 };
 enum class Framework { megatron, deepspeed, zero_paper };
+/// CUDA graph capture (training.cuda_graphs; models/host_dispatch.hpp): none (eager launches),
+/// layers (each transformer layer's forward and backward captured and replayed, Megatron-Core
+/// --cuda-graph-impl local / transformer_engine with --cuda-graph-modules empty: the whole
+/// layer), full_iteration (--cuda-graph-impl full_iteration: the whole forward-backward,
+/// the optimizer step outside).
+enum class CudaGraphs { none, layers, full_iteration };
 /// Pipeline schedule, layout.schedule: one registered PipelineSchedule each
 /// (models/schedules/schedule.hpp, one file per schedule, which documents its order and source).
 enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, dualpipev, dualpipe };
@@ -213,6 +219,11 @@ struct ClusterSpec {
   CollectiveChoice collectives;
   /// HBM kept back for the CUDA context, NCCL buffers and allocator fragmentation, bytes.
   double hbm_reserve_bytes = 0;
+  /// Host CPU seconds that eager PyTorch spends to launch one kernel (Python, autograd
+  /// recording, the ATen dispatcher and cudaLaunchKernel) on this cluster's host CPU
+  /// (cluster.host_dispatch; node presets cite their measurement, topologies/node_presets.cpp;
+  /// models/host_dispatch.hpp uses it). 0 = free launches (the GPU never waits for the host).
+  double host_dispatch = 0;
 
   int64_t gpus() const { return nodes * gpus_per_node; }
 };
@@ -304,6 +315,10 @@ struct Training {
   /// Megatron-Core --moe-shared-expert-overlap: the shared expert computes while the routed
   /// tokens are dispatched and combined.
   bool moe_shared_expert_overlap = false;
+  /// CUDA graphs (training.cuda_graphs, CudaGraphs): captured kernels are replayed by one
+  /// host launch per graph instead of host_dispatch each (models/host_dispatch.hpp), at the
+  /// memory cost of the graphs' static buffers (models/memory.hpp).
+  CudaGraphs cuda_graphs = CudaGraphs::none;
   /// Gradient accumulation steps: global_batch / (micro_batch * dp).
   int64_t accumulation(const Layout& l) const { return global_batch / (micro_batch * l.dp); }
 };
@@ -352,6 +367,7 @@ const char* to_string(Position);
 const char* to_string(Recompute);
 const char* to_string(Dtype);
 const char* to_string(Framework);
+const char* to_string(CudaGraphs);
 const char* to_string(Schedule);
 const char* to_string(GradDtype);
 const char* to_string(MemoryQuantity);  // the YAML key: model_states, activations, peak

@@ -26,7 +26,8 @@
 //          oversubscription (1), leaves_per_pod, pod_oversubscription (1)}; TYPE one of
 //          topologies/fabrics/fabric.hpp, non-blocking by default; the keys a type reads
 //          and requires are listed there), collectives {algorithm (auto), protocol (auto)},
-//          hbm_reserve
+//          hbm_reserve, host_dispatch (time per eager kernel launch on the host CPU; the node
+//          preset's, else 13.48 us: topologies/node_presets.cpp)
 //   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
 //          interleaved|zb-h1|zb-h2|dualpipev|dualpipe, models/schedules/; interleaved when
 //          vp > 1, else 1f1b), zero_stage (0),
@@ -41,7 +42,9 @@
 //          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false),
 //          moe_token_dispatcher (alltoall|deepep|hybridep; alltoall), moe_deepep_num_sms (20),
 //          moe_hybridep_num_sms (24), delay_wgrad_compute (false), moe_shared_expert_overlap
-//          (false), overlap_moe_expert_parallel_comm (false; refused: not simulated)
+//          (false), overlap_moe_expert_parallel_comm (false; refused: not simulated),
+//          cuda_graphs (false|true|layers|full_iteration; false: true = layers;
+//          models/host_dispatch.hpp)
 #include "models/calibration/gemm_table.hpp"
 #include "models/experiment_io.hpp"
 
@@ -102,7 +105,7 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"model.attention", {"window", "window_pattern", "chunked", "sinks"}},
       {"cluster",
        {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
-        "collectives", "hbm_reserve"}},
+        "collectives", "hbm_reserve", "host_dispatch"}},
       {"cluster.gpu",
        {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
         "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "profile", "kernel_tables",
@@ -120,7 +123,7 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
         "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher", "moe_deepep_num_sms",
         "moe_hybridep_num_sms",
-        "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap"}},
+        "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap", "cuda_graphs"}},
       {"published", {"step_time_s", "tflops_per_gpu", "tflops_basis", "mfu", "source", "memory"}},
       {"published.memory", {"source", "model_states", "activations", "peak"}},
       {"published.memory.model_states", {"stage", "value"}},
@@ -175,6 +178,10 @@ const Choices<RouterBalance> kBalances = {{"forced", RouterBalance::forced},
                                           {"measured", RouterBalance::measured},
                                           {"aux_loss", RouterBalance::aux_loss},
                                           {"aux_free", RouterBalance::aux_free}};
+const Choices<CudaGraphs> kCudaGraphs = {{"false", CudaGraphs::none},
+                                         {"true", CudaGraphs::layers},
+                                         {"layers", CudaGraphs::layers},
+                                         {"full_iteration", CudaGraphs::full_iteration}};
 const Choices<std::string> kDispatchers = {{"alltoall", "alltoall"}, {"deepep", "deepep"}, {"hybridep", "hybridep"}};
 // Every registered pipeline schedule by its name (models/schedules/registry.cpp).
 const Choices<Schedule> kSchedules = [] {
@@ -727,6 +734,9 @@ ClusterSpec read_cluster(Reader r) {
     c.nic = node->nic;
     c.hbm_reserve_bytes = node->hbm_reserve_bytes;
     c.nvls_efficiency = node->nvls_efficiency;
+    c.host_dispatch = node->host_dispatch;
+  } else {
+    c.host_dispatch = default_host_dispatch();
   }
   c.gpu = read_gpu(r, node);
   if (auto v = r.integer("nodes")) c.nodes = *v;
@@ -741,6 +751,7 @@ ClusterSpec read_cluster(Reader r) {
   read_fabric(r, c);
   read_collectives(r, c);
   set_if(c.hbm_reserve_bytes, r.quantity("hbm_reserve", Quantity::bytes));
+  set_if(c.host_dispatch, r.quantity("host_dispatch", Quantity::time));
   if (auto n = r.text("name")) c.name = *n;
   else c.name = std::to_string(c.nodes) + " x " + (node ? node->name : c.gpu.name);
   return c;
@@ -826,6 +837,7 @@ Training read_training(Reader r) {
   set_if(t.moe_shared_expert_overlap, r.boolean("moe_shared_expert_overlap"));
   set_if(t.moe_deepep_num_sms, r.integer("moe_deepep_num_sms"));
   set_if(t.moe_hybridep_num_sms, r.integer("moe_hybridep_num_sms"));
+  set_if(t.cuda_graphs, r.choice("cuda_graphs", kCudaGraphs));
   return t;
 }
 
@@ -1268,11 +1280,21 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     fraction("cluster.nic.efficiency", c.nic.efficiency);
   }
   non_negative("cluster.hbm_reserve", c.hbm_reserve_bytes, "B");
+  non_negative("cluster.host_dispatch", c.host_dispatch, "s");
   if (ok({"cluster.hbm_reserve", "cluster.gpu.hbm"}) && c.gpu.hbm_bytes > 0 && c.hbm_reserve_bytes >= c.gpu.hbm_bytes)
     p.add("cluster.hbm_reserve=" + fmt_double(c.hbm_reserve_bytes) +
           " B leaves no memory: it is not below cluster.gpu.hbm=" + fmt_double(c.gpu.hbm_bytes) + " B");
 
   // Training.
+  // A whole-iteration graph replays fixed shapes: a dropless MoE layer's token counts change
+  // every micro-batch (Megatron-Core captures MoE layers only as drop-and-pad,
+  // CudaGraphModule.moe in megatron/core/transformer/enums.py).
+  if (ok({"training.cuda_graphs", "model.moe"}) && t.cuda_graphs == CudaGraphs::full_iteration && e.model.moe.enabled() &&
+      !(e.model.moe.capacity_factor > 0 && e.model.moe.pad_to_capacity))
+    p.add("training.cuda_graphs=full_iteration needs static shapes, but model.moe routes dropless (capacity_factor " +
+          fmt_double(e.model.moe.capacity_factor) + ", pad_to_capacity " +
+          std::string(e.model.moe.pad_to_capacity ? "true" : "false") +
+          "): set model.moe.capacity_factor and pad_to_capacity, or cuda_graphs: layers");
   if (ok({"training.dtype", "cluster.gpu.peak_fp8"}) && t.dtype == Dtype::fp8 && !(c.gpu.peak_fp8_flops > 0))
     p.add("training.dtype=fp8 needs FP8 tensor cores, but cluster.gpu " + c.gpu.name + " has peak_fp8=0");
 

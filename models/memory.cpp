@@ -351,6 +351,15 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
     }
     out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;
   }
+  if (tr.cuda_graphs == CudaGraphs::layers && layers > 0) {
+    const double sl = d(tr.seq_len / l.cp), b = d(tr.micro_batch);
+    const double hidden = 2.0 * sl / (l.sequence_parallel && l.tp > 1 ? d(l.tp) : 1.0) * b * d(e.model.hidden);
+    const double mask = b * sl * d(tr.seq_len);
+    const ActivationBreakdown act = stage_activations(e, stage);
+    out.cuda_graph_bytes = d(act.held_layers) * (hidden + mask);
+  } else if (tr.cuda_graphs == CudaGraphs::full_iteration) {
+    out.cuda_graph_bytes = 28.0 * d(tr.micro_batch) * d(tr.seq_len) * d(tr.accumulation(l));
+  }
   if (tr.framework == Framework::deepspeed && l.dp * l.cp > 1) {
     const double bucket = tr.grad_bucket_bytes > 0 ? tr.grad_bucket_bytes / kBytes16 : kDeepSpeedReduceBucketElements;
     if (l.zero_stage == 0) {

@@ -232,7 +232,21 @@ struct StageBuffers {
   /// DeepSpeed's fp32 gradient partition during the optimizer step
   /// (ModelStateBytes::step_transient_bytes).
   double step_transient_bytes = 0;
-  double total() const { return zero3_gathered_bytes + grad_bucket_bytes + step_transient_bytes; }
+  /// CUDA graphs' static buffers (training.cuda_graphs; Megatron-LM @d98e8a64):
+  ///  - layers (Transformer Engine's make_graphed_callables, the per-layer graphs): one
+  ///    static sample set per captured (layer, micro-batch), reused once that micro-batch's
+  ///    backward is done, so as many as the stage's held (micro-batch, layer) pairs
+  ///    (ActivationBreakdown::held_layers); each the bf16 hidden states
+  ///    2 (s/cp)/(t with SP) b h bytes (transformer_engine/pytorch/module.py sample args,
+  ///    megatron/core/transformer/cuda_graphs.py TECudaGraphHelper) plus the bool attention
+  ///    mask b (s/cp) s bytes of a graphed attention (transformer_layer.py).
+  ///  - full_iteration: StaticBufferLoader keeps every micro-batch's input batch
+  ///    (megatron/core/full_cuda_graph.py): tokens, labels and position ids (int64) and the
+  ///    fp32 loss mask, 28 b s bytes per micro-batch, all accumulation micro-batches.
+  /// The activations inside the graphs live in the graphs' memory pool with their eager
+  /// lifetimes (counted in activations, not here).
+  double cuda_graph_bytes = 0;
+  double total() const { return zero3_gathered_bytes + grad_bucket_bytes + step_transient_bytes + cuda_graph_bytes; }
 };
 StageBuffers stage_buffers(const Experiment& e, int64_t stage);
 

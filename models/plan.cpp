@@ -13,6 +13,7 @@
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
+#include "models/host_dispatch.hpp"
 #include "models/blocks/block_context.hpp"
 #include "models/blocks/layer.hpp"
 #include "models/pipeline_split.hpp"
@@ -180,20 +181,35 @@ class Builder {
 
   // ---- transformer layer, embedding, head (models/blocks/) ----
   /// Forward (Phase::forward) or full recomputation (Phase::recompute) of one layer.
-  void layer_forward(int layer, int mb, Phase ph) { blocks_.layer(layer).forward(ctx(), layer, mb, ph); }
+  void layer_forward(int layer, int mb, Phase ph) {
+    captured([&] { blocks_.layer(layer).forward(ctx(), layer, mb, ph); });
+  }
   /// Backward of one layer, or its B or W part (BackwardPart, models/plan.hpp): the W part
   /// is the four weight-gradient GEMMs in autograd order (mlp_down, mlp_up, out_proj, qkv)
   /// with the SP re-gathers of the column-parallel inputs; norm weight gradients stay in B
   /// (fused in the norm's backward kernel; zero-bubble defers only the linear layers'
   /// wgrad GEMMs).
   void layer_backward(int layer, int mb, BackwardPart part = BackwardPart::full) {
-    blocks_.layer(layer).backward(ctx(), layer, mb, part);
+    captured([&] { blocks_.layer(layer).backward(ctx(), layer, mb, part); });
   }
   /// Selective recomputation (ph = Phase::recompute) before a layer's backward: the
   /// attention core (Korthikanti 2022 Sec 5).
   void attention_core_forward(Phase ph, int layer, int mb) {
     (void)ph;  // always Phase::recompute: the forward runs the core inside layer_forward
-    blocks_.layer(layer).selective_recompute(ctx(), layer, mb);
+    captured([&] { blocks_.layer(layer).selective_recompute(ctx(), layer, mb); });
+  }
+  /// training.cuda_graphs = layers: the ops `emit` appends (one layer's forward, backward or
+  /// recompute) are one CUDA graph (Op::graph), as Megatron-Core's per-layer graphs capture
+  /// a TransformerLayer's forward and its backward separately
+  /// (megatron/core/transformer/cuda_graphs.py CudaGraphManager). full_iteration stamps the
+  /// whole forward-backward in build_step_plan.
+  template <class F>
+  void captured(F emit) {
+    const size_t from = sp_.ops.size();
+    emit();
+    if (e_.training.cuda_graphs != CudaGraphs::layers) return;
+    const int32_t id = next_graph_++;
+    for (size_t i = from; i < sp_.ops.size(); ++i) sp_.ops[i].graph = id;
   }
   void embedding_forward(int mb) { blocks_.embedding().forward(ctx(), -1, mb, Phase::forward); }
   /// All of the embedding's backward is W (BackwardPart::input emits nothing).
@@ -728,6 +744,7 @@ class Builder {
   };
   std::vector<ChunkGather> chunk_gather_;
   int cur_chunk_ = 0;       // model chunk being emitted
+  int32_t next_graph_ = 0;  // next CUDA graph id (captured)
   int64_t backwards_ = 0;   // chunk gradients completed so far (BW or W passes)
   int64_t backwards_total_ = 0;  // ... in the whole step
   const sched::PipelineSchedule* sched_ = &sched::schedule_of(e_.layout.schedule);
@@ -784,7 +801,13 @@ StepPlan build_step_plan(const Experiment& exp) {
     sp.grad_sync_bytes = sp.params_per_rank * static_cast<double>(plan.shape.grad_bytes_per_param);
     Builder b(exp, sp, plan.shape);
     b.schedule(orders[static_cast<size_t>(s)]);
+    // --cuda-graph-impl full_iteration: one graph around forward_backward_func (Megatron-Core
+    // full_cuda_graph.py FullCudaGraphWrapper); the gradient sync's end and the optimizer
+    // step (finish_step) stay eager.
+    if (exp.training.cuda_graphs == CudaGraphs::full_iteration)
+      for (Op& op : sp.ops) op.graph = 0;
     b.finish_step();
+    assign_host_dispatch(sp, exp);
     plan.stages.push_back(std::move(sp));
   }
   return plan;

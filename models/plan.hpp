@@ -187,6 +187,28 @@ struct Op {
   /// (a whole model chunk under Megatron's aligned interleaved gathers, models/plan.cpp).
   int32_t gather_layers = 0;
 
+  /// Host dispatch (models/host_dispatch.hpp assign_host_dispatch, after the plan is built):
+  /// the host CPU seconds the rank's launching thread spends on this op before its kernels
+  /// can start (cluster.host_dispatch per eager launch; one launch per CUDA graph replay,
+  /// 0 for the other ops of a captured graph). The engines run a host clock through the
+  /// rank's ops in program order that never waits for the GPU: an op starts no earlier than
+  /// the host has dispatched it (host-bound time, StageResult::host_bound_s).
+  double host_s = 0;
+  /// CUDA graph the builder emitted this op inside (training.cuda_graphs): a capture
+  /// region id unique within the stage, -1 = launched eagerly.
+  int32_t graph = -1;
+  /// Shapes that depend on the routing of this micro-batch (a dropless MoE layer's token
+  /// permutation, expert GEMMs and AllToAlls): cannot be captured in a CUDA graph
+  /// (Megatron-Core CudaGraphModule.moe is for drop-and-pad layers only), launched eagerly.
+  bool dynamic_shape = false;
+  /// The host waits here for the GPU to finish the ops before this one (a device-to-host
+  /// read the next launches depend on): Megatron-Core's alltoall token dispatcher copies
+  /// the tokens-per-expert counts to the host and synchronises once per MoE layer forward
+  /// (moe/token_dispatcher.py MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize, at
+  /// cuda_sync_point "before_ep_alltoall"), unless the routing is drop-and-pad; none in
+  /// backward (the split sizes are reused). models/host_dispatch.hpp.
+  bool host_sync = false;
+
   Direction dir = Direction::forward;  // send/recv
   int32_t peer_stage = -1;  // send/recv: pipeline rank at the other end
   int32_t peer_chunk = -1;  // send/recv: model chunk at the other end (its mailbox)

@@ -23,8 +23,9 @@ namespace dtsim {
 ///    before its sender posted is pipeline bubble (StageResult::bubble_s), not
 ///    communication. Every exposed interval lies inside one operation's window, so
 ///    exposed_s <= total_s.
-///  - Per stage: compute_s + slowdown_s + sum of exposed_s over kinds + bubble_s = step time
-///    (the compute stream's whole step, the critical path table of the summary).
+///  - Per stage: compute_s + slowdown_s + sum of exposed_s over kinds + bubble_s +
+///    host_bound_s = step time (the compute stream's whole step, the critical path table of
+///    the summary).
 /// The tied word embedding's gradient AllReduce between the first and the last pipeline
 /// stage (Megatron-Core finalize_model_grads.py _allreduce_word_embedding_grads, over the
 /// embedding group of the first and last pipeline rank) is PP: it exists because pipeline
@@ -61,6 +62,8 @@ struct StageResult {
   /// Extra kernel time because communication overlapped compute and took SMs from it
   /// (Training::comm_interference): actual minus nominal kernel time.
   double slowdown_s = 0;
+  /// GPU idle waiting for the host to launch the next kernels (models/host_dispatch.hpp).
+  double host_bound_s = 0;
   std::map<std::string, CommStats> comm;  // keyed "TP", "CP", "PP", "DP"
   MemoryBreakdown memory;
 };
@@ -82,6 +85,7 @@ struct StepResult {
   double hfu = 0;             // hardware FLOPs / (step time * GPUs * peak)
   double compute_s = 0;       // mean over stages of compute busy time
   double bubble_s = 0;        // mean over stages
+  double host_bound_s = 0;    // mean over stages of StageResult::host_bound_s
   double optimizer_s = 0;     // optimizer step time (HBM-bound)
   std::map<std::string, CommStats> comm;  // mean over stages, keyed "TP","CP","PP","DP"
   std::vector<StageResult> stages;

@@ -13,6 +13,7 @@
 #include "models/compute_cost.hpp"
 #include "models/flops.hpp"
 #include "models/moe.hpp"
+#include "models/host_dispatch.hpp"
 #include "models/memory.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/schedules/schedule.hpp"
@@ -862,6 +863,11 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
               false);
     bytes_row("fp32 grad partition", [&](size_t i) { return buf[i].step_transient_bytes; },
               "4 B x P / N: DeepSpeed upcasts its gradient partition for the optimizer step", false);
+    bytes_row("CUDA graph buffers", [&](size_t i) { return buf[i].cuda_graph_bytes; },
+              tr.cuda_graphs == CudaGraphs::full_iteration
+                  ? "every micro-batch's input batch, 28 b s B (Megatron-Core FullCudaGraphWrapper StaticBufferLoader)"
+                  : "per held (layer, micro-batch): hidden 2 sbh (/t with SP) + bool mask b s^2 / cp (TE graphed callables)",
+              false);
     bytes_row("peak", [&](size_t i) { return mb_of(i).peak_bytes; }, "sum of the lines above (held at the same time)", true);
     bytes_row("capacity", [&](size_t i) { return mb_of(i).capacity_bytes; },
               fmt::format("HBM {} - reserve {} (CUDA context + NCCL buffers, node preset)", format_bytes(exp.cluster.gpu.hbm_bytes),
@@ -870,6 +876,31 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
     std::vector<std::string> fits;
     for (size_t i = 0; i < cols.size(); ++i) fits.push_back(mb_of(i).fits ? "fits" : "OOM");
     row("fits", fits, "");
+  }
+
+  // ---------------------------------------------------------------- 7. host dispatch
+  {
+    os << "\n7. Host dispatch (models/host_dispatch.hpp): kernel launches by the host CPU, per rank and step\n";
+    os << fmt::format("  host_dispatch {} per eager launch (cluster.host_dispatch); CUDA graphs: {}\n",
+                      format_duration(exp.cluster.host_dispatch), to_string(tr.cuda_graphs));
+    os << fmt::format("  {:>5} {:>14} {:>14} {:>12} {:>12} {:>12}\n", "stage", "eager launches", "graph replays",
+                      "host syncs", "host time", "GPU compute");
+    for (const StagePlan& st : plan.stages) {
+      int64_t eager = 0, syncs = 0;
+      double compute = 0;
+      for (const Op& op : st.ops) {
+        if (op.graph < 0 || op.dynamic_shape) eager += eager_launches(op);
+        syncs += op.host_sync ? 1 : 0;
+        if (op.type == OpType::compute) compute += op.time_s;
+      }
+      os << fmt::format("  {:>5} {:>14} {:>14} {:>12} {:>12} {:>12}\n", st.stage, with_thousands(eager),
+                        with_thousands(stage_graph_replays(st)), with_thousands(syncs),
+                        format_duration(stage_host_seconds(st)), format_duration(compute));
+    }
+    os << "  The host launches in program order and runs ahead of the GPU; the GPU waits (host-bound time, `dtsim\n"
+          "  run`) where its kernels are shorter than their launches, and after each host sync (a MoE layer's token\n"
+          "  counts read by the dispatcher), which takes the host's lead away. CUDA graphs replay a captured layer\n"
+          "  (or the whole iteration) with one launch.\n";
   }
   return os.str();
 }

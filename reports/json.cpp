@@ -50,6 +50,7 @@ nlohmann::json stage_json(const StageResult& s) {
           {"bubble_s", s.bubble_s},
           {"finish_s", s.finish_s},
           {"slowdown_s", s.slowdown_s},
+          {"host_bound_s", s.host_bound_s},
           {"comm", comm_map_json(s.comm)},
           {"memory", memory_json(s.memory)}};
 }
@@ -74,6 +75,7 @@ nlohmann::json to_json(const StepResult& r) {
   j["hfu"] = r.hfu;
   j["compute_s"] = r.compute_s;
   j["bubble_s"] = r.bubble_s;
+  j["host_bound_s"] = r.host_bound_s;
   j["optimizer_s"] = r.optimizer_s;
   j["comm"] = comm_map_json(r.comm);
   nlohmann::json stages = nlohmann::json::array();

@@ -44,6 +44,7 @@ StepResult result_from_json_text(const std::string& text) {
     r.compute_s = j.at("compute_s").get<double>();
     r.bubble_s = j.at("bubble_s").get<double>();
     r.optimizer_s = j.at("optimizer_s").get<double>();
+    r.host_bound_s = j.value("host_bound_s", 0.0);  // absent in results written before it existed
     r.comm = comm_map(j.at("comm"));
     for (const auto& s : j.at("stages")) {
       StageResult sr;
@@ -53,6 +54,7 @@ StepResult result_from_json_text(const std::string& text) {
       sr.bubble_s = s.at("bubble_s").get<double>();
       sr.finish_s = s.at("finish_s").get<double>();
       sr.slowdown_s = s.at("slowdown_s").get<double>();
+      sr.host_bound_s = s.value("host_bound_s", 0.0);
       sr.comm = comm_map(s.at("comm"));
       const auto& m = s.at("memory");
       sr.memory.params_bytes = m.at("params_bytes").get<double>();

@@ -146,6 +146,10 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   line("HFU", percent(r.hfu));
   line("compute", format_duration(r.compute_s));
   line("bubble", format_duration(r.bubble_s));
+  // GPU idle waiting for the host's launches (models/host_dispatch.hpp).
+  line("host-bound", format_duration(r.host_bound_s) +
+                         fmt::format("   ({} per eager launch, CUDA graphs {})",
+                                     format_duration(exp.cluster.host_dispatch), to_string(exp.training.cuda_graphs)));
   line("optimizer", format_duration(r.optimizer_s));
   {  // where the compute times came from (StepResult::time_sources), most ops first
     std::vector<std::pair<int64_t, std::string>> src;
@@ -187,17 +191,20 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   }
   // --- critical path per stage: where each stage's step time went --------------------
   o += '\n';
-  fmt::format_to(out, "  critical path per stage (compute + slowdown + exposed TP/CP/PP/DP/EP + bubble = step time)\n");
-  fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "compute", "slowdown", "TP",
-                 "CP", "PP", "DP", "EP", "bubble");
+  fmt::format_to(out,
+                 "  critical path per stage (compute + slowdown + exposed TP/CP/PP/DP/EP + host-bound + bubble = step "
+                 "time)\n");
+  fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "compute", "slowdown",
+                 "TP", "CP", "PP", "DP", "EP", "host", "bubble");
   for (const auto& s : r.stages) {
     auto exposed = [&](const char* k) {
       auto it = s.comm.find(k);
       return format_duration(it == s.comm.end() ? 0.0 : it->second.exposed_s);
     };
-    fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", s.stage,
+    fmt::format_to(out, "  {:>5}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", s.stage,
                    format_duration(s.compute_s), format_duration(s.slowdown_s), exposed("TP"), exposed("CP"),
-                   exposed("PP"), exposed("DP"), exposed("EP"), format_duration(s.bubble_s));
+                   exposed("PP"), exposed("DP"), exposed("EP"), format_duration(s.host_bound_s),
+                   format_duration(s.bubble_s));
   }
   const auto oom = std::count_if(r.stages.begin(), r.stages.end(), [](const StageResult& s) { return !s.memory.fits; });
   if (oom > 0)

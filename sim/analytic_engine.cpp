@@ -127,6 +127,9 @@ struct AnalyticEngine::Shape {
   struct Seg {
     double time = 0;     // wall time on the compute stream
     double compute = 0;  // kernel time at full speed
+    double host = 0;     // compute stream idle waiting for the host (models/host_dispatch.hpp)
+    double dispatch = 0; // host seconds to dispatch the segment's ops (Op::host_s)
+    double host_cold = 0;  // host-bound time of the segment started with no host lead (first copy)
     std::array<double, kCommKinds> total{}, exposed{};
   };
   Seg emb_f, head_f, head_b, emb_b;
@@ -145,6 +148,11 @@ struct AnalyticEngine::Shape {
   double adam_bytes_per_param = 0;  // HBM bytes the fused Adam moves per owned parameter
   int32_t adam_kernels = 1;
   double p2p_bytes = 0;             // one pipeline send
+  /// The model has host synchronisations (Op::host_sync, dropless MoE layers): the host's
+  /// lead does not carry from one segment to the next, and each segment keeps its own
+  /// host-bound time from its replay. Without: segments carry no host-bound time of their
+  /// own (time = GPU time) and the stage pools the host's lead (estimate_impl).
+  bool host_syncs = false;
   double recv_tp_allgather_s = 0;   // TP AllGather after each receive without SP
 };
 
@@ -158,7 +166,7 @@ bool is_weight_gradient(const Op& op) {
 
 struct AnalyticEngine::StageDetail {
   double compute_s = 0, bubble_s = 0, finish_s = 0, forward_s = 0, backward_s = 0, weight_s = 0, p2p_s = 0,
-         slowdown_s = 0;
+         slowdown_s = 0, host_bound_s = 0;
   std::array<double, kCommKinds> total{}, exposed{};
 };
 
@@ -247,6 +255,8 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     // Replays one segment's ops on one rank: compute stream + one in-order stream per kind.
     struct Replay {
       double t = 0;
+      double h = 0;   // host clock (models/host_dispatch.hpp)
+      double t0 = 0;  // start of the timed (second) copy
       std::array<double, kCommKinds> free{};
       std::array<double, kCommKinds> sms{};  // SMs of each stream's latest collective (comm_kernel_sms)
       std::vector<double> done;
@@ -254,6 +264,20 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     };
     std::array<Replay, 7> rp;
     for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
+    // Each segment is replayed twice back to back and timed on the second copy: the host
+    // clock's periodic steady state, the lead the previous layer left the host (none after
+    // a host_sync; models/host_dispatch.hpp). The first copy's streams are drained first,
+    // so without host costs both copies take the same time.
+    for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1)
+      for (auto& r : rp) {
+        for (double f : r.free) r.t = std::max(r.t, f);
+        r.t0 = r.t;
+        const double cold = r.seg.host;
+        r.seg = Shape::Seg{};
+        r.seg.host_cold = cold;
+      }
+    const bool timed = pass == 1;
     bool seen_fwd = false, seen_bwd = false;
     for (size_t i = 0; i < st.ops.size(); ++i) {
       const Op& op = st.ops[i];
@@ -266,6 +290,15 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       else w = EB;
       Replay& r = rp[w];
       const int k = static_cast<int>(op.kind);
+      // The host dispatches op x; the compute stream starts it no earlier (as the DES).
+      auto gate = [&](const Op& x) {
+        if (x.host_s <= 0) return;
+        r.h += x.host_s;
+        r.seg.dispatch += x.host_s;
+        if (r.h > r.t) r.seg.host += r.h - r.t, r.t = r.h;
+      };
+      if (op.host_sync) r.h = std::max(r.h, r.t), sh->host_syncs = true;
+      gate(op);
       // The compute stream from r.t by `work` seconds of kernels, slowed while collectives run
       // to the speed of the largest SM holder among them (as the DES engine's run_kernels).
       auto adv = [&](double work) {
@@ -298,6 +331,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
       if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather && next &&
           next->type == OpType::compute) {
+        gate(*next);
         const double n = op.overlap_splits, g = next->time_s;
         const double c = comm_time(op);
         const double done = std::max(r.t, r.free[k]) + c;  // copy engines: no slowdown
@@ -311,6 +345,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       }
       if (op.type == OpType::compute && next && next->type == OpType::collective && next->overlap_splits > 1 &&
           next->collective == Collective::ReduceScatter) {
+        gate(*next);
         const double m = next->overlap_splits, g = op.time_s;
         r.t = adv(g / m);
         Op part = *next;
@@ -342,8 +377,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       // CP ring attention (a wait with Op::overlap_splits), as the DES engine.
       if (op.type == OpType::wait && op.overlap_splits > 2) {
         size_t j = i + 1;
-        if (j < st.ops.size() && st.ops[j].type == OpType::issue) issue_op(st.ops[j++]);
+        if (j < st.ops.size() && st.ops[j].type == OpType::issue) gate(st.ops[j]), issue_op(st.ops[j++]);
         if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
+          gate(st.ops[j]);
           const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
           r.t = adv(g * (blocks - 1) / blocks);
           const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
@@ -356,7 +392,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       }
       switch (op.type) {
         case OpType::compute: {
-          if ((w == LB || w == HB || w == EB) && is_weight_gradient(op))
+          if (timed && (w == LB || w == HB || w == EB) && is_weight_gradient(op))
             (w == LB ? ly.w : w == HB ? head_w : emb_w) += op.time_s;
           if (w == OPT) {
             if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
@@ -389,8 +425,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         case OpType::recv: break;  // pp = 1 in the proxy
       }
     }
+    }  // pass
     for (int w = 0; w < OPT; ++w) {
-      rp[w].seg.time = rp[w].t;
+      rp[w].seg.time = rp[w].t - rp[w].t0;
       *segs[w] = rp[w].seg;
     }
     if (!edges_done) sh->head_w = head_w, sh->emb_w = emb_w;
@@ -399,6 +436,17 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     const blocks::Layer& lay = mbk.kind(kind);
     ly.params = {lay.parameters_per_tp_rank(base_.model, l.tp),
                  lay.parameters(base_.model).expert_weights / d(l.ep * etp)};
+  }
+  // Without host synchronisations the host's lead carries across segments (a backward's
+  // surplus pays for the next forward's deficit): the segments keep their GPU time and the
+  // stage pools their host deficits (estimate_impl).
+  if (!sh->host_syncs) {
+    auto gpu_only = [](Shape::Seg& g) {
+      g.time -= g.host;
+      g.host = 0;
+    };
+    for (Shape::Seg* g : {&sh->emb_f, &sh->head_f, &sh->head_b, &sh->emb_b}) gpu_only(*g);
+    for (auto& ly : sh->layer) gpu_only(ly.f), gpu_only(ly.b);
   }
   // Pipeline messages (Megatron scatter/gather: 1/t of the activation, plan.cpp p2p).
   const double act = 2.0 * d(mb) * d(base_.training.seq_len / l.cp) * d(base_.model.hidden);
@@ -525,6 +573,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
 
   // Per-rank forward / backward of one micro-batch (all its chunks).
   std::vector<double> F(static_cast<size_t>(p)), B(static_cast<size_t>(p));
+  // Host dispatch without host synchronisations (models/host_dispatch.hpp): the host's lead
+  // carries through the rank's forward and backward, so per micro-batch the GPU waits for
+  // the host by what the rank's host time exceeds its GPU time, D = H - W, in the steady
+  // state (host_steady, added to the forward), and more in the step's first micro-batch, which
+  // starts with no lead (host_startup, beyond the steady share; only the first stage's delays
+  // the step, the others wait for it anyway).
+  std::vector<double> host_steady(static_cast<size_t>(p), 0.0), host_startup(static_cast<size_t>(p), 0.0);
   double w_max = 0, w_sum = 0;
   for (int64_t s = 0; s < p; ++s) {
     const bool first = is_first(s), last = is_last(s);
@@ -541,6 +596,33 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       z3_edge[static_cast<size_t>(s)] = 2.0 * d(v) * z3_ag + rs_emb + rs_head;
       f += d(v) * z3_ag + rs_emb;
       b += d(v) * z3_ag + rs_head;
+    }
+    if (!sh.host_syncs) {
+      const double hf = stage_sum(s, [&](int k) { return L_(k).f.dispatch; }) + (first ? sh.emb_f.dispatch : 0.0) +
+                        (last ? sh.head_f.dispatch : 0.0);
+      const double hb = stage_sum(s, [&](int k) { return L_(k).b.dispatch; }) + (last ? sh.head_b.dispatch : 0.0) +
+                        (first ? sh.emb_b.dispatch : 0.0);
+      const double dd = hf - f + hb - b;
+      host_steady[static_cast<size_t>(s)] = std::max(0.0, dd);
+      // The first micro-batch from no lead, segment by segment: a segment entered with lead
+      // x waits max(0, cold - x) (its waits from no lead are its largest prefix deficit) and
+      // leaves the host x + waits + GPU time - host time ahead.
+      double lead = 0, waits = 0;
+      auto seg = [&](const Shape::Seg& g, double n) {
+        for (double i = 0; i < n; ++i) {
+          const double w = std::max(0.0, g.host_cold - lead);
+          waits += w;
+          lead += w + g.time - g.dispatch;
+        }
+      };
+      const auto& nk = rank_kinds[static_cast<size_t>(s)];
+      if (first) seg(sh.emb_f, 1);
+      for (int k = 0; k < blocks::kLayerKinds; ++k) seg(L_(k).f, d(nk[static_cast<size_t>(k)]));
+      if (last) seg(sh.head_f, 1), seg(sh.head_b, 1);
+      for (int k = blocks::kLayerKinds - 1; k >= 0; --k) seg(L_(k).b, d(nk[static_cast<size_t>(k)]));
+      if (first) seg(sh.emb_b, 1);
+      host_startup[static_cast<size_t>(s)] = std::max(0.0, waits - host_steady[static_cast<size_t>(s)]);
+      f += host_steady[static_cast<size_t>(s)];
     }
     F[static_cast<size_t>(s)] = f;
     B[static_cast<size_t>(s)] = b;
@@ -566,13 +648,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         const auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
         const bool recv_fwd = !sch.first(dims, s, c), recv_bwd = !sch.last(dims, s, c);
         sched::ChunkCosts cc;
-        cc.f = over(nk, [&](int k) { return K_(k).lf; }) + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0);
+        cc.f = over(nk, [&](int k) { return K_(k).lf; }) + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0) +
+               host_steady[static_cast<size_t>(s)] / d(sch.chunks(dims));
         cc.w = over(nk, [&](int k) { return L_(k).w; }) + (vs.loss ? sh.head_w : 0.0) + (vs.embedding ? sh.emb_w : 0.0);
         cc.b = over(nk, [&](int k) { return K_(k).lb; }) + (vs.loss ? sh.head_b.time : 0.0) + (vs.embedding ? sh.emb_b.time : 0.0) + (recv_bwd ? ptag : 0.0) - cc.w;
         costs[static_cast<size_t>(s)].push_back(cc);
       }
     t_pipe = sched::time_order(sch, dims, sch.order(dims), costs, t_p2p).makespan;
   }
+  t_pipe += host_startup.front();
 
   // Distributed optimizer with overlap_param_gather: each layer's gather before its first
   // forward; the first of a chunk waits whole, later ones only past the previous layer.
@@ -768,7 +852,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     // wall time beyond its kernels and its exposed communication, plus the DP overlap's.
     {
       auto lost = [](const Shape::Seg& g) {
-        double x = g.time - g.compute;
+        double x = g.time - g.compute - g.host;
         for (double e : g.exposed) x -= e;
         return x;
       };
@@ -776,6 +860,11 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
       if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
       sd.slowdown_s = m_rank * per_mb + stretch;
+      // Host-bound time (models/host_dispatch.hpp), the segments' own.
+      double host = stage_sum(s, [&](int k) { return L_(k).f.host + L_(k).b.host; });
+      if (first) host += sh.emb_f.host + sh.emb_b.host;
+      if (last) host += sh.head_f.host + sh.head_b.host;
+      sd.host_bound_s = m_rank * (host + host_steady[static_cast<size_t>(s)]) + (s == 0 ? host_startup.front() : 0.0);
     }
     for (int k : {kTP, kCP, kEP}) {
       const auto kk = static_cast<size_t>(k);
@@ -818,6 +907,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       est.comm_exposed_s[static_cast<size_t>(k)] += sd.exposed[static_cast<size_t>(k)] / d(p);
     }
     est.compute_s += sd.compute_s / d(p);
+    est.host_bound_s += sd.host_bound_s / d(p);
     finish_of[static_cast<size_t>(s)] = finish;
     stage_detail.push_back(sd);
   }
@@ -835,7 +925,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     // (models/result.hpp CommStats, as the DES counts them): the bubble is what the
     // rest leaves, the waits on the schedule, on the other embedding stage, and the idle
     // time after the stage's own finish.
-    double busy = sd.compute_s + sd.slowdown_s;
+    double busy = sd.compute_s + sd.slowdown_s + sd.host_bound_s;
     for (double e : sd.exposed) busy += e;
     sd.bubble_s = est.step_time_s - busy;
   }
@@ -894,7 +984,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
   r.hfu = est.hfu;
   r.compute_s = est.compute_s;
   r.bubble_s = 0;  // mean over stages of the stage bubbles below, as the DES reports it
-  for (const auto& sd : detail) r.bubble_s += sd.bubble_s / d(l.pp);
+  for (const auto& sd : detail) r.bubble_s += sd.bubble_s / d(l.pp), r.host_bound_s += sd.host_bound_s / d(l.pp);
   r.optimizer_s = est.optimizer_s;
   const char* names[kCommKinds] = {"TP", "CP", "PP", "DP", "EP"};
   for (int k = 0; k < kCommKinds; ++k) {
@@ -911,6 +1001,7 @@ StepResult AnalyticEngine::step_result(const Layout& l, int64_t micro_batch) {
     st.compute_s = sd.compute_s;
     st.bubble_s = sd.bubble_s;
     st.slowdown_s = sd.slowdown_s;
+    st.host_bound_s = sd.host_bound_s;
     st.finish_s = sd.finish_s;
     for (int k = 0; k < kCommKinds; ++k) {
       CommStats cs;

@@ -33,6 +33,9 @@
 //    overlap_param_gather); ZeRO-3 gathers every layer in forward and backward and
 //    reduce-scatters its gradients per micro-batch, hidden behind the layer's compute when
 //    shorter. Optimizer: the plan's fused Adam op, HBM-bound, on the parameters a rank owns.
+// Host dispatch (models/host_dispatch.hpp): each segment replay runs the host clock too and
+// is replayed twice, timed on the second copy (the periodic steady state); its host-bound
+// time is part of its wall time and reported as host_bound_s.
 // 4. Memory: models/memory.hpp stage_memory of the first and last pipeline stages (every
 //    other stage holds no more: fewer in-flight micro-batches, no embedding or head).
 //
@@ -64,6 +67,7 @@ struct AnalyticEstimate {
   double pipeline_s = 0;      // end of the last backward on the first stage
   double compute_s = 0;       // mean over stages of compute busy time
   double bubble_s = 0;        // mean over stages of pipeline idle time
+  double host_bound_s = 0;    // mean over stages of GPU idle waiting for the host (models/host_dispatch.hpp)
   double optimizer_s = 0;     // slowest stage's optimizer step
   std::array<double, kCommKinds> comm_total_s{};    // mean over stages, per rank
   std::array<double, kCommKinds> comm_exposed_s{};  // mean over stages, per rank

@@ -61,7 +61,7 @@ std::string fmt_number(double v) {
 }
 
 struct Stats {
-  double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0, slowdown_s = 0;
+  double compute_s = 0, bubble_s = 0, finish_s = 0, optimizer_s = 0, slowdown_s = 0, host_bound_s = 0;
   std::array<CommStats, kCommKinds> comm{};
 };
 
@@ -493,6 +493,22 @@ void Simulation::compute_actor(RankState& rs) {
     pending = seconds;
     flush();
   };
+  // Host dispatch (models/host_dispatch.hpp): the host clock advances by each op's host_s in
+  // program order and never waits for the GPU; an op whose dispatch ends after the GPU got
+  // through the work before it starts then, the GPU idle in between (host-bound).
+  double host = 0;
+  auto dispatched = [&](const Op& x) {
+    if (x.host_s <= 0) return;
+    host += x.host_s;
+    if (host <= sg4::Engine::get_clock() + pending) return;  // the GPU is busy past it
+    flush();
+    const double t0 = sg4::Engine::get_clock();
+    if (host <= t0) return;
+    sg4::this_actor::sleep_for(host - t0);
+    const double t1 = sg4::Engine::get_clock();
+    rs.stats.host_bound_s += t1 - t0;
+    if (opts_.trace) record(rs, TraceStream::compute, x, "host", t0, "host-bound", t1);
+  };
   // TP communication overlap (Op::overlap_splits, models/plan.hpp).
   auto is_gemm = [&](size_t j) { return j < ops.size() && ops[j].type == OpType::compute; };
   auto ring_exchange = [&](const Op& ag, const Op& gemm) {  // AllGather, then its GEMM
@@ -527,11 +543,13 @@ void Simulation::compute_actor(RankState& rs) {
   auto ring_blocks = [&](size_t i) -> size_t {
     size_t j = i + 1;
     if (j < ops.size() && ops[j].type == OpType::issue) {  // backward: dK/dV ReduceScatter
+      dispatched(ops[j]);
       flush();
       issue(rs, ops[j]);
       ++j;
     }
     const Op& remote = ops[j];
+    dispatched(remote);
     flush();
     const double t0 = sg4::Engine::get_clock();
     const double blocks = ops[i].overlap_splits - 1;
@@ -549,18 +567,25 @@ void Simulation::compute_actor(RankState& rs) {
   };
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    if (op.host_sync) {  // the host reads a result of the GPU work so far (Op::host_sync)
+      flush();
+      host = std::max(host, sg4::Engine::get_clock());
+    }
+    dispatched(op);
     if (is_ring_wait(i)) {
       i = ring_blocks(i);
       continue;
     }
     if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather &&
         is_gemm(i + 1)) {
+      dispatched(ops[i + 1]);
       ring_exchange(op, ops[i + 1]);
       ++i;
       continue;
     }
     if (op.type == OpType::compute && i + 1 < ops.size() && ops[i + 1].type == OpType::collective &&
         ops[i + 1].overlap_splits > 1 && ops[i + 1].collective == Collective::ReduceScatter) {
+      dispatched(ops[i + 1]);
       pipelined_reduce_scatter(op, ops[i + 1]);
       ++i;
       continue;
@@ -716,6 +741,7 @@ StepResult Simulation::run() {
       sum.finish_s = std::max(sum.finish_s, rs->stats.finish_s);
       sum.optimizer_s += rs->stats.optimizer_s;
       sum.slowdown_s += rs->stats.slowdown_s;
+      sum.host_bound_s += rs->stats.host_bound_s;
       for (int k = 0; k < kCommKinds; ++k) {
         sum.comm[k].total_s += rs->stats.comm[k].total_s;
         sum.comm[k].exposed_s += rs->stats.comm[k].exposed_s;
@@ -733,6 +759,7 @@ StepResult Simulation::run() {
     sr.bubble_s = sum.bubble_s * inv + (res.step_time_s - sum.finish_s);
     sr.finish_s = sum.finish_s;
     sr.slowdown_s = sum.slowdown_s * inv;
+    sr.host_bound_s = sum.host_bound_s * inv;
     for (int k = 0; k < kCommKinds; ++k) {
       CommStats cs;
       cs.total_s = sum.comm[k].total_s * inv;
@@ -744,6 +771,7 @@ StepResult Simulation::run() {
     sr.memory = stage_memory(e, s);
     res.compute_s += sr.compute_s / static_cast<double>(l.pp);
     res.bubble_s += sr.bubble_s / static_cast<double>(l.pp);
+    res.host_bound_s += sr.host_bound_s / static_cast<double>(l.pp);
     res.optimizer_s = std::max(res.optimizer_s, sum.optimizer_s * inv);
     for (int k = 0; k < kCommKinds; ++k) {
       auto& tot = res.comm[names[k]];

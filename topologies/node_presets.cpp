@@ -52,6 +52,21 @@ constexpr double kNdrEfficiency = 47.0 / 50.0;
 // 309 GB/s per direction of 450 GB/s line rate -> 0.6875. The same model then gives 411,
 // 441, 463 GB/s busbw for 5, 6, 7 GPUs against 420, 440, 460 measured (NVIDIA/nccl#1455).
 constexpr double kNvlsEfficiency = 275.0 * 9.0 / 8.0 / 450.0;
+
+// Host dispatch (ClusterSpec::host_dispatch, models/host_dispatch.hpp): host CPU seconds
+// eager PyTorch spends per kernel launch. Measured as the CPU time of one torch.nn.Linear
+// forward (one cuBLAS GEMM launch, with autograd recording), BF16, hidden 2048, 8192 tokens
+// (NVIDIA/TransformerEngine#2053, 2025-08-11, "CPU runtime" column):
+//   H100 DGX (2 x Intel Xeon Platinum 8480C)   13.48 us
+//   GB200 (Grace, Neoverse V2)                  37.08 us
+// (GH200: 33.17 us.) Transformer Engine's own modules cost more CPU in that report (GB200
+// 99.66 us per te.Linear); TE has since cut its BF16 linear's CPU overhead to "nearly the
+// same with vanilla torch linear" (NVIDIA/TransformerEngine#2126, 2026-01-03), so the torch
+// figure stands for a current Megatron-Core + TE step. x86 hosts without a measurement of
+// their own (DGX A100: AMD EPYC 7742; DGX B200: Xeon Platinum 8570; DGX H200 / H800: Xeon
+// 8480C class) take the DGX H100 figure (stated assumption).
+constexpr double kX86HostDispatch = 13.48 * us;
+constexpr double kGraceHostDispatch = 37.08 * us;
 // ---------------------------------------------------------------------------------------
 
 const std::vector<NodePreset>& registry() {
@@ -76,6 +91,7 @@ const std::vector<NodePreset>& registry() {
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kHdrEfficiency;
       n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kX86HostDispatch;
       v.push_back(n);
     }
     {
@@ -98,6 +114,7 @@ const std::vector<NodePreset>& registry() {
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kNdrEfficiency;
       n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kX86HostDispatch;
       v.push_back(n);
     }
     {
@@ -123,6 +140,7 @@ const std::vector<NodePreset>& registry() {
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kNdrEfficiency;
       n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kX86HostDispatch;
       v.push_back(n);
     }
     {
@@ -148,6 +166,7 @@ const std::vector<NodePreset>& registry() {
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kNdrEfficiency;
       n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kX86HostDispatch;
       v.push_back(n);
     }
     {
@@ -180,6 +199,7 @@ const std::vector<NodePreset>& registry() {
       n.nic.latency = kNetStepLatency;
       n.nic.efficiency = kNdrEfficiency;
       n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kGraceHostDispatch;  // Grace CPUs (above)
       v.push_back(n);
     }
     {
@@ -203,6 +223,8 @@ const std::vector<NodePreset>& registry() {
 
 }  // namespace
 
+double default_host_dispatch() { return kX86HostDispatch; }
+
 const NodePreset* find_node_preset(std::string_view name) {
   return presets::find(registry(), name, [](const NodePreset& n) -> const std::string& { return n.name; });
 }
@@ -217,6 +239,7 @@ ClusterSpec cluster_of(const NodePreset& n, int64_t nodes) {
   c.nics_per_node = n.nics_per_node;
   c.nic = n.nic;
   c.hbm_reserve_bytes = n.hbm_reserve_bytes;
+  c.host_dispatch = n.host_dispatch;
   return c;
 }
 

@@ -26,7 +26,13 @@ struct NodePreset {
   /// NVLink SHARP (NVLS, in-switch reduction): per-GPU NVLink rate that an NVLS AllReduce
   /// sustains / NVLink line rate; 0 when the NVSwitch has no SHARP (NVSwitch gen 2, A100).
   double nvls_efficiency = 0;
+  /// Host CPU seconds per eager kernel launch on this node's CPUs (ClusterSpec::host_dispatch).
+  double host_dispatch = 0;
 };
+
+/// host_dispatch of a cluster described without a node preset: the x86 DGX figure
+/// (13.48 us, NVIDIA/TransformerEngine#2053; topologies/node_presets.cpp).
+double default_host_dispatch();
 
 /// The preset named `name` (case-insensitive), or nullptr when there is none.
 const NodePreset* find_node_preset(std::string_view name);

@@ -153,6 +153,11 @@ void BlockContext::p2p(OpType type, Direction dir, int mb, int chunk, int peer_s
     collective("pp_tp_allgather", op.phase, -1, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * b * s * h);
 }
 
+void BlockContext::mark_dynamic(size_t from) {
+  if (m.moe.capacity_factor > 0 && m.moe.pad_to_capacity) return;
+  for (size_t i = from; i < sp.ops.size(); ++i) sp.ops[i].dynamic_shape = true;
+}
+
 void BlockContext::overlap_with_gemm(int32_t splits) {
   if (!e.training.tp_comm_overlap || sp.ops.empty()) return;
   Op& op = sp.ops.back();

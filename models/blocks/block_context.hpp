@@ -139,6 +139,11 @@ class BlockContext {
   const double attn_fwd_work;   // attention work factors (compute_cost.hpp kFlash*)
   const double attn_bwd_work;
   int cur_chunk = 0;            // model chunk being emitted (Op::chunk); set by the builder
+  /// Marks the ops appended since index `from` as shaped by this micro-batch's routing
+  /// (Op::dynamic_shape: not capturable in a CUDA graph) unless the routing is static: a
+  /// capacity factor with pad_to_capacity (Megatron-Core's drop-and-pad, the only MoE layer
+  /// CudaGraphModule.moe captures, megatron/core/transformer/enums.py).
+  void mark_dynamic(size_t from);
 
  private:
   /// Times `op` with the cost model, stamps its chunk and appends it.

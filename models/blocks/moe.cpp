@@ -111,6 +111,7 @@ void MoeBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double rows = x.rows, cols = x.cols;
   c.gemm("router", ph, layer, mb, 2.0 * tk.tokens * c.h * x.E, tk.tokens, x.E, c.h, Transpose::b, false);
   c.compute("router_topk", ph, layer, mb, KernelKind::memory, 0, 2.0 * kRouterScoreBytes * tk.tokens * x.E, 2);
+  const size_t routed_from = c.sp.ops.size();  // permute .. unpermute: shaped by the routing
   c.compute("moe_permute", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
   const bool overlap_shared = c.e.training.moe_shared_expert_overlap && c.m.moe.shared_expert_ffn_hidden > 0;
   ep_alltoall(c, "moe_dispatch", ph, layer, mb, tk.received * c.h * moe_dispatch_bytes_per_element(c.e.training),
@@ -129,6 +130,10 @@ void MoeBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
                kAct * tk.computed * c.h);
   c.collective("moe_combine", ph, layer, mb, CommKind::EP, Collective::AllToAll, GroupKind::EP, kAct * tk.received * c.h);
   c.compute("moe_unpermute", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
+  c.mark_dynamic(routed_from);
+  // The dispatcher's host synchronisation on the token counts, before the op after the
+  // permutation (the dispatch AllToAll; the experts' first GEMM without EP). Op::host_sync.
+  if (c.sp.ops[routed_from].dynamic_shape) c.sp.ops[routed_from + 1].host_sync = true;
   if (!overlap_shared) shared_forward(c, layer, mb, ph);
 }
 
@@ -149,6 +154,7 @@ void MoeBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) c
     grouped("expert_down_wgrad", down, cols, c.h, rows, Transpose::a);
     grouped("expert_up_wgrad", up, c.h, 2.0 * cols, rows, Transpose::a);
   };
+  const size_t routed_from = c.sp.ops.size();  // unpermute_bwd .. permute_bwd and the expert wgrads
   if (in) {
     c.compute("moe_unpermute_bwd", ph, layer, mb, KernelKind::memory, 0, 3.0 * kAct * tk.routed * c.h);
     // With the shared expert overlapped, its backward runs while the combine's backward travels.
@@ -171,9 +177,11 @@ void MoeBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) c
     // AllToAll travels (moe_layer.py, backward_dw after the dispatch backward).
     ep_alltoall(c, "moe_dispatch_bwd", ph, layer, mb, kAct * tk.received * c.h, delay, expert_wgrads);
     c.compute("moe_permute_bwd", ph, layer, mb, KernelKind::memory, 0, 2.0 * kAct * tk.routed * c.h);
+    c.mark_dynamic(routed_from);
     c.compute("router_topk_bwd", ph, layer, mb, KernelKind::memory, 0, 2.0 * kRouterScoreBytes * tk.tokens * E, 2);
     c.gemm("router_dgrad", ph, layer, mb, 2.0 * tk.tokens * c.h * E, tk.tokens, c.h, E, Transpose::none, false);
   }
+  if (!in) c.mark_dynamic(routed_from);  // the W part: the expert weight gradients
   if (wt) c.gemm("router_wgrad", ph, layer, mb, 2.0 * tk.tokens * c.h * E, E, c.h, tk.tokens, Transpose::a, false);
   // The shared expert: inside the combine's backward when overlapped (its W part alone here
   // for a split backward), else after the router.

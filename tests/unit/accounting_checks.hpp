@@ -3,7 +3,8 @@
 // tests/unit/test_accounting_invariants.cpp (small experiments, the analytic engine on every
 // shipped one) and tests/slow/test_accounting_invariants_slow.cpp (every shipped experiment):
 //  - per stage and kind, 0 <= exposed_s <= total_s; operations > 0 wherever bytes > 0;
-//  - per stage, compute + slowdown + exposed (all kinds) + bubble = step time, bubble >= 0;
+//  - per stage, compute + slowdown + exposed (all kinds) + host-bound + bubble = step time,
+//    bubble >= 0, host-bound >= 0 (models/host_dispatch.hpp);
 //  - the step-level figures are the means of the stages' (operations included);
 //  - PP: the plan's sends, receives and PP collectives are the operations counted, and the
 //    tied-embedding gradient AllReduce is PP in the plan, the run and explain alike;
@@ -168,8 +169,11 @@ inline void expect_accounting(const StepResult& r, const std::string& what, bool
   ASSERT_GT(step, 0);
   const double tol = 1e-9 * step;
   std::map<std::string, double> mean_ops, mean_total, mean_exposed;
+  double mean_host = 0;
   for (const auto& s : r.stages) {
-    double path = s.compute_s + s.slowdown_s + s.bubble_s;
+    double path = s.compute_s + s.slowdown_s + s.bubble_s + s.host_bound_s;
+    mean_host += s.host_bound_s / static_cast<double>(r.stages.size());
+    EXPECT_GE(s.host_bound_s, 0.0) << "stage " << s.stage;
     for (const char* k : kKinds) {
       ASSERT_TRUE(s.comm.count(k)) << "stage " << s.stage << " " << k;
       const CommStats& c = s.comm.at(k);
@@ -186,10 +190,11 @@ inline void expect_accounting(const StepResult& r, const std::string& what, bool
       mean_exposed[k] += c.exposed_s / static_cast<double>(r.stages.size());
     }
     EXPECT_NEAR(path, step, tol) << "stage " << s.stage
-                                 << ": compute + slowdown + exposed + bubble is not the step time";
+                                 << ": compute + slowdown + exposed + host-bound + bubble is not the step time";
     EXPECT_GE(s.bubble_s, -tol) << "stage " << s.stage;
     EXPECT_GE(s.slowdown_s, -tol) << "stage " << s.stage;
   }
+  EXPECT_NEAR(r.host_bound_s, mean_host, tol) << "step host-bound is not the mean of the stages'";
   for (const char* k : kKinds) {
     const CommStats& c = r.comm.at(k);
     EXPECT_LE(c.exposed_s, c.total_s * (1 + 1e-12) + 1e-15) << k << ": exposed > total (step level)";

@@ -79,18 +79,22 @@ std::string tiny(const std::string& cluster, const std::string& layout, const st
 }
 
 TEST(Analytic, SingleGpuStepIsTheSumOfItsKernels) {
-  // No communication and no pipeline: the closed form must be exact.
-  const Experiment e = parse_experiment(
-      tiny("{node: dgx-a100, nodes: 1, gpus_per_node: 1, nics_per_node: 1}",
-           "{dp: 1, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: full}",
-           "{seq_len: 512, global_batch: 4, micro_batch: 2, dtype: bf16}"),
-      "one.yaml");
-  const StepPlan plan = build_step_plan(e);
-  double sum = 0;
-  for (const auto& op : plan.stages[0].ops) sum += op.type == OpType::compute ? op.time_s : 0.0;
-  const StepResult an = simulate_step_analytic(e);
-  EXPECT_NEAR(an.step_time_s, sum, 1e-9 * sum);
-  EXPECT_NEAR(an.compute_s, sum, 1e-9 * sum);
+  // No communication and no pipeline: the closed form must be exact, the kernels plus the
+  // GPU's waits for the host (none with free launches; models/host_dispatch.hpp).
+  for (const char* host : {", host_dispatch: 0 s", ""}) {
+    const Experiment e = parse_experiment(
+        tiny(std::string("{node: dgx-a100, nodes: 1, gpus_per_node: 1, nics_per_node: 1") + host + "}",
+             "{dp: 1, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: full}",
+             "{seq_len: 512, global_batch: 4, micro_batch: 2, dtype: bf16}"),
+        "one.yaml");
+    const StepPlan plan = build_step_plan(e);
+    double sum = 0;
+    for (const auto& op : plan.stages[0].ops) sum += op.type == OpType::compute ? op.time_s : 0.0;
+    const StepResult an = simulate_step_analytic(e);
+    EXPECT_NEAR(an.step_time_s, sum + an.host_bound_s, 1e-9 * sum) << host;
+    EXPECT_NEAR(an.compute_s, sum, 1e-9 * sum);
+    if (*host) EXPECT_EQ(an.host_bound_s, 0.0);
+  }
 }
 
 TEST(Analytic, CountsTheNonLayerParameterGatherOfPerLayerGathers) {

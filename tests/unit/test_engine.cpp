@@ -102,19 +102,25 @@ TEST(Engine, UncontendedDataParallelAllReduceMatchesRingFormula) {
 }
 
 TEST(Engine, SingleGpuStepIsTheSumOfItsKernels) {
-  const auto e = parse_experiment(
-      gpt("{node: dgx-a100, nodes: 1, gpus_per_node: 1, nics_per_node: 1}",
-          "{dp: 1, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}",
-          "{seq_len: 512, global_batch: 4, micro_batch: 2, dtype: bf16, flash_attention: true, "
-          "overlap_grad_reduce: true, framework: megatron}"),
-      "one.yaml");
-  const auto plan = build_step_plan(e);
-  double sum = 0;
-  for (const auto& op : plan.stages[0].ops) sum += op.type == OpType::compute ? op.time_s : 0.0;
-  const auto r = simulate_step_isolated(e);
-  EXPECT_NEAR(r.step_time_s, sum, 1e-9 * sum);
-  EXPECT_NEAR(r.compute_s, sum, 1e-9 * sum);
-  EXPECT_DOUBLE_EQ(r.bubble_s, 0.0);
+  // With free launches the step is its kernels; with the node's launch cost, its kernels and
+  // the time the GPU waited for the host (models/host_dispatch.hpp), nothing else.
+  for (const char* host : {", host_dispatch: 0 s", ""}) {
+    const auto e = parse_experiment(
+        gpt(std::string("{node: dgx-a100, nodes: 1, gpus_per_node: 1, nics_per_node: 1") + host + "}",
+            "{dp: 1, tp: 1, pp: 1, zero_stage: 0, sequence_parallel: false, recompute: none}",
+            "{seq_len: 512, global_batch: 4, micro_batch: 2, dtype: bf16, flash_attention: true, "
+            "overlap_grad_reduce: true, framework: megatron}"),
+        "one.yaml");
+    const auto plan = build_step_plan(e);
+    double sum = 0;
+    for (const auto& op : plan.stages[0].ops) sum += op.type == OpType::compute ? op.time_s : 0.0;
+    const auto r = simulate_step_isolated(e);
+    EXPECT_NEAR(r.step_time_s, sum + r.host_bound_s, 1e-9 * sum) << host;
+    EXPECT_NEAR(r.compute_s, sum, 1e-9 * sum);
+    EXPECT_DOUBLE_EQ(r.bubble_s, 0.0);
+    if (*host) EXPECT_EQ(r.host_bound_s, 0.0);
+    else EXPECT_GT(r.host_bound_s, 0.0);  // the step's first launch at least
+  }
 }
 
 TEST(Engine, OverlappedGradientReductionHidesBehindBackward) {
@@ -234,13 +240,13 @@ namespace {
 
 TEST(EngineCriticalPath, StageBreakdownSumsToTheStepTime) {
   // Every second of every stage is compute, slowdown from overlapped communication,
-  // exposed communication of one kind, or bubble (waiting on the schedule or idle tail).
+  // exposed communication of one kind, host-bound, or bubble (waiting on the schedule or idle tail).
   for (const char* layout : {"{dp: 2, tp: 4, pp: 2, zero_stage: 1, sequence_parallel: true, recompute: selective}",
                              "{dp: 2, tp: 2, cp: 2, pp: 2, zero_stage: 3, sequence_parallel: true, recompute: full}",
                              "{dp: 2, tp: 2, pp: 4, vp: 2, zero_stage: 0, sequence_parallel: true, recompute: none}"}) {
     const auto r = simulate_step_isolated(parse_experiment(gpt("{node: dgx-h100, nodes: 2}", layout, kTrain), "c.yaml"));
     for (const auto& s : r.stages) {
-      double sum = s.compute_s + s.slowdown_s + s.bubble_s;
+      double sum = s.compute_s + s.slowdown_s + s.bubble_s + s.host_bound_s;
       for (const auto& [kind, c] : s.comm) sum += c.exposed_s;
       EXPECT_NEAR(sum, r.step_time_s, 1e-6 * r.step_time_s) << layout << " stage " << s.stage;
     }

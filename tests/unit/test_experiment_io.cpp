@@ -504,7 +504,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.switches (valid keys under cluster: name, gpu, node, nodes, "
-              "gpus_per_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve)");
+              "gpus_per_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve, host_dispatch)");
   }
   {
     const auto ps = problems(with_line("  nodes: 2", "  nic:\n    speed: 400 Gb/s"));
@@ -541,7 +541,7 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
                      "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
                      "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
                      "overlap_p2p, moe_token_dispatcher, moe_deepep_num_sms, moe_hybridep_num_sms, "
-                     "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap)");
+                     "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap, cuda_graphs)");
   }
   {
     const auto ps = problems(std::string(kBase) + "published:\n  hfu: 0.5\n");
