@@ -134,6 +134,7 @@ struct SweepRow {
   std::string reason;
   double step_time_s = 0, tokens_per_s = 0, tokens_per_s_per_gpu = 0, mfu = 0, tflops_per_gpu = 0;
   double compute_s = 0, bubble_s = 0, optimizer_s = 0;
+  double host_bound_s = 0;  // GPU waiting for the host's launches (models/host_dispatch.hpp)
   double exposed_tp_s = 0, exposed_cp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0, exposed_ep_s = 0;
   double peak_memory_bytes = 0, capacity_bytes = 0;
   double usd_per_step = 0, usd_per_mtoken = 0;  // 0 without a price

@@ -53,7 +53,7 @@ const std::vector<std::string>& sweep_csv_columns() {
       "id", "engine", "cluster", "cluster_label", "gpu", "nodes", "gpus", "dp", "tp", "cp", "pp", "vp", "ep", "etp", "schedule",
       "zero_stage", "micro_batch", "micro_batches", "recompute", "sequence_parallel", "status", "reason",
       "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "compute_s", "bubble_s",
-      "optimizer_s", "exposed_tp_s", "exposed_cp_s", "exposed_pp_s", "exposed_dp_s", "exposed_ep_s", "peak_memory_gib",
+      "host_bound_s", "optimizer_s", "exposed_tp_s", "exposed_cp_s", "exposed_pp_s", "exposed_dp_s", "exposed_ep_s", "peak_memory_gib",
       "capacity_gib", "usd_per_step", "usd_per_mtoken"};
   return cols;
 }
@@ -69,7 +69,7 @@ std::string sweep_csv_line(const SweepRow& r) {
                    i(r.micro_batches), to_string(l.recompute), l.sequence_parallel ? "true" : "false", r.status,
                    r.reason, csv_number(r.step_time_s), csv_number(r.tokens_per_s),
                    csv_number(r.tokens_per_s_per_gpu), csv_number(r.mfu), csv_number(r.tflops_per_gpu),
-                   csv_number(r.compute_s), csv_number(r.bubble_s), csv_number(r.optimizer_s),
+                   csv_number(r.compute_s), csv_number(r.bubble_s), csv_number(r.host_bound_s), csv_number(r.optimizer_s),
                    csv_number(r.exposed_tp_s), csv_number(r.exposed_cp_s), csv_number(r.exposed_pp_s),
                    csv_number(r.exposed_dp_s), csv_number(r.exposed_ep_s), csv_number(r.peak_memory_bytes / gib),
                    csv_number(r.capacity_bytes / gib), csv_number(r.usd_per_step), csv_number(r.usd_per_mtoken)});

@@ -4,9 +4,9 @@
 // Layout (all times in seconds, sizes in bytes, FLOPs per step for the whole cluster):
 //   { experiment, engine, folded, gpus, simulated_ranks, step_time_s, tokens_per_step,
 //     tokens_per_s, model_flops, hardware_flops, tflops_per_gpu, mfu, hfu, compute_s,
-//     bubble_s, optimizer_s,
-//     comm: { TP|CP|PP|DP: { total_s, exposed_s, bytes, operations } },
-//     stages: [ { stage, layers, compute_s, bubble_s, finish_s, comm: {...},
+//     bubble_s, host_bound_s, optimizer_s, time_sources: { source: compute ops },
+//     comm: { TP|CP|PP|DP|EP: { total_s, exposed_s, bytes, operations } },
+//     stages: [ { stage, layers, compute_s, bubble_s, host_bound_s, finish_s, slowdown_s, comm: {...},
 //                 memory: { params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
 //                           other_bytes, peak_bytes, capacity_bytes, fits } } ],
 //     engine_config: { flag: value } }

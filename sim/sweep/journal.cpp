@@ -85,6 +85,7 @@ nlohmann::json to_json(const SweepRow& r) {
   j["tflops_per_gpu"] = r.tflops_per_gpu;
   j["compute_s"] = r.compute_s;
   j["bubble_s"] = r.bubble_s;
+  j["host_bound_s"] = r.host_bound_s;
   j["optimizer_s"] = r.optimizer_s;
   j["exposed_tp_s"] = r.exposed_tp_s;
   j["exposed_cp_s"] = r.exposed_cp_s;
@@ -130,6 +131,7 @@ SweepRow row_from_json(const nlohmann::json& j) {
     r.tflops_per_gpu = j.at("tflops_per_gpu").get<double>();
     r.compute_s = j.at("compute_s").get<double>();
     r.bubble_s = j.at("bubble_s").get<double>();
+    r.host_bound_s = j.value("host_bound_s", 0.0);  // absent in journals written before it existed
     r.optimizer_s = j.at("optimizer_s").get<double>();
     r.exposed_tp_s = j.at("exposed_tp_s").get<double>();
     r.exposed_cp_s = j.at("exposed_cp_s").get<double>();

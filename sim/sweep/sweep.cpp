@@ -186,6 +186,7 @@ SweepRow Evaluator::analytic(const LayoutPoint& p) {
   row.tflops_per_gpu = est.tflops_per_gpu;
   row.compute_s = est.compute_s;
   row.bubble_s = est.bubble_s;
+  row.host_bound_s = est.host_bound_s;
   row.optimizer_s = est.optimizer_s;
   row.exposed_tp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::TP)];
   row.exposed_cp_s = est.comm_exposed_s[static_cast<size_t>(CommKind::CP)];
@@ -216,6 +217,7 @@ SweepRow Evaluator::from_result(const LayoutPoint& p, const StepResult& r, const
   row.tflops_per_gpu = r.tflops_per_gpu;
   row.compute_s = r.compute_s;
   row.bubble_s = r.bubble_s;
+  row.host_bound_s = r.host_bound_s;
   row.optimizer_s = r.optimizer_s;
   auto exposed = [&](const char* k) {
     auto it = r.comm.find(k);
