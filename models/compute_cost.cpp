@@ -8,6 +8,7 @@
 
 #include "models/calibration/plan_kernels.hpp"
 #include "models/errors.hpp"
+#include "models/time_band.hpp"
 
 namespace dtsim {
 
@@ -70,7 +71,18 @@ const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
   }
 }
 
+namespace {
+ComputeTime nominal_compute_time(const Op& op, const Experiment& exp, double attention_work);
+}  // namespace
+
 ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work) {
+  ComputeTime t = nominal_compute_time(op, exp, attention_work);
+  t.seconds *= time_band_factor(t.source, op.kernel, exp.time_scenario);
+  return t;
+}
+
+namespace {
+ComputeTime nominal_compute_time(const Op& op, const Experiment& exp, double attention_work) {
   const GpuSpec& gpu = exp.cluster.gpu;
   // The roofline's wave fill is that of the op's whole GEMM: a grouped GEMM schedules the
   // tiles of all its experts in one kernel's waves.
@@ -105,5 +117,6 @@ ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_w
   }
   return {seconds, t->source};
 }
+}  // namespace
 
 }  // namespace dtsim

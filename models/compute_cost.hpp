@@ -97,8 +97,9 @@ struct ComputeTime {
 /// above: compute_time(op, gpu, dtype, attention_work, fill), fill = gemm_wave_fill of the
 /// op's whole GEMM (Op::gemm) on the GPU's SMs for GEMM ops, else 1; source roofline.
 /// `attention_work` only applies to the roofline (profile attention shapes carry
-/// causal/backward themselves). Throws InputError when the profile file cannot be read or
-/// is invalid.
+/// causal/backward themselves). The result is scaled by the kernel-time band's factor of
+/// its source in exp.time_scenario (models/time_band.hpp; 1 when nominal). Throws InputError
+/// when the profile file cannot be read or is invalid.
 ComputeTime compute_time(const Op& op, const Experiment& exp, double attention_work = 1.0);
 
 /// The profile named by exp.cluster.gpu.profile (relative to the directory of

@@ -351,6 +351,9 @@ struct Published {
   std::string memory_source;  // published.memory.source
 };
 
+/// Which end of the kernel-time band compute times are taken at (models/time_band.hpp).
+enum class TimeScenario { nominal, fast, slow };
+
 struct Experiment {
   std::string source;   // file the experiment was read from (for error messages)
   std::string title;    // free text
@@ -359,6 +362,9 @@ struct Experiment {
   Layout layout;
   Training training;
   Published published;  // optional; all zero when the file has no `published:` map
+  /// Not an input key: the kernel-time band's computation sets it on copies to time every
+  /// compute op at the fast or slow end of its data (models/time_band.hpp); nominal otherwise.
+  TimeScenario time_scenario = TimeScenario::nominal;
 };
 
 const char* to_string(Activation);

@@ -65,6 +65,7 @@ nlohmann::json to_json(const StepResult& r) {
   j["gpus"] = r.gpus;
   j["simulated_ranks"] = r.simulated_ranks;
   j["step_time_s"] = r.step_time_s;
+  j["step_time_band_s"] = nlohmann::json::array({r.step_time_lo_s, r.step_time_hi_s});
   j["tokens_per_step"] = r.tokens_per_step;
   j["tokens_per_s"] = r.tokens_per_s;
   j["model_flops"] = r.model_flops;

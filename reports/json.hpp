@@ -2,7 +2,8 @@
 // StepResult as JSON (`dtsim run --json FILE`).
 //
 // Layout (all times in seconds, sizes in bytes, FLOPs per step for the whole cluster):
-//   { experiment, engine, folded, gpus, simulated_ranks, step_time_s, tokens_per_step,
+//   { experiment, engine, folded, gpus, simulated_ranks, step_time_s, step_time_band_s: [lo, hi]
+//     (models/time_band.hpp), tokens_per_step,
 //     tokens_per_s, model_flops, hardware_flops, tflops_per_gpu, mfu, hfu, compute_s,
 //     bubble_s, host_bound_s, optimizer_s, time_sources: { source: compute ops },
 //     comm: { TP|CP|PP|DP|EP: { total_s, exposed_s, bytes, operations } },

@@ -33,6 +33,10 @@ StepResult result_from_json_text(const std::string& text) {
     r.gpus = j.at("gpus").get<int64_t>();
     r.simulated_ranks = j.at("simulated_ranks").get<int64_t>();
     r.step_time_s = j.at("step_time_s").get<double>();
+    if (j.contains("step_time_band_s")) {  // absent in results written before it existed
+      r.step_time_lo_s = j.at("step_time_band_s").at(0).get<double>();
+      r.step_time_hi_s = j.at("step_time_band_s").at(1).get<double>();
+    }
     r.tokens_per_step = j.at("tokens_per_step").get<double>();
     r.tokens_per_s = j.at("tokens_per_s").get<double>();
     r.model_flops = j.at("model_flops").get<double>();

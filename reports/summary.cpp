@@ -133,6 +133,12 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   };
   line("step time", format_duration(r.step_time_s) +
                         versus(r.step_time_s, pub.step_time_s, format_duration(pub.step_time_s)));
+  // The kernel-time band (models/time_band.hpp).
+  if (r.step_time_hi_s > 0)
+    line("band", fmt::format("{} - {} ({:+.1f} % / {:+.1f} %: compute at the fast / slow end of its kernel data)",
+                             format_duration(r.step_time_lo_s), format_duration(r.step_time_hi_s),
+                             100.0 * (r.step_time_lo_s / r.step_time_s - 1.0),
+                             100.0 * (r.step_time_hi_s / r.step_time_s - 1.0)));
   line("tokens/s", fmt::format("{} ({} tokens per step)", with_thousands(r.tokens_per_s),
                                with_thousands(r.tokens_per_step)));
   // A published TFLOP/s figure is compared on its own basis: model FLOPs, or hardware

@@ -1029,7 +1029,27 @@ std::vector<AnalyticEngine::StagePass> AnalyticEngine::stage_passes(const Layout
 StepResult simulate_step_analytic(const Experiment& exp) {
   validate_experiment(exp);
   AnalyticEngine eng(exp);
-  return eng.step_result(exp.layout, exp.training.micro_batch);
+  StepResult r = eng.step_result(exp.layout, exp.training.micro_batch);
+  add_kernel_band(exp, r);
+  return r;
+}
+
+std::pair<double, double> kernel_band_ratios(const Experiment& exp) {
+  validate_experiment(exp);
+  auto step = [&](TimeScenario sc) {
+    Experiment e = exp;
+    e.time_scenario = sc;
+    return AnalyticEngine(e).estimate(e.layout, e.training.micro_batch).step_time_s;
+  };
+  const double nominal = step(TimeScenario::nominal);
+  if (!(nominal > 0)) return {1.0, 1.0};
+  return {step(TimeScenario::fast) / nominal, step(TimeScenario::slow) / nominal};
+}
+
+void add_kernel_band(const Experiment& exp, StepResult& r) {
+  const auto [lo, hi] = kernel_band_ratios(exp);
+  r.step_time_lo_s = r.step_time_s * lo;
+  r.step_time_hi_s = r.step_time_s * hi;
 }
 
 }  // namespace dtsim

@@ -53,6 +53,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "models/experiment.hpp"
@@ -130,7 +131,18 @@ class AnalyticEngine {
 };
 
 /// AnalyticEngine(exp).step_result(exp.layout, exp.training.micro_batch) after
-/// validate_experiment (throws InputError for an invalid experiment).
+/// validate_experiment (throws InputError for an invalid experiment), with its kernel-time
+/// band (step_time_lo_s / step_time_hi_s).
 StepResult simulate_step_analytic(const Experiment& exp);
+
+/// The kernel-time band of `exp` (models/time_band.hpp) as ratios to its nominal step: the
+/// closed-form step with every compute op at the fast end of its data, and at the slow end,
+/// each over the nominal closed-form step ({fast / nominal, slow / nominal}); an engine's
+/// band is its own step time times these. Three AnalyticEngine estimates of exp.layout
+/// (milliseconds). Throws InputError as simulate_step_analytic.
+std::pair<double, double> kernel_band_ratios(const Experiment& exp);
+
+/// Fills r.step_time_lo_s / step_time_hi_s from kernel_band_ratios(exp) and r.step_time_s.
+void add_kernel_band(const Experiment& exp, StepResult& r);
 
 }  // namespace dtsim

@@ -10,6 +10,7 @@
 #include "sim/cli/commands.hpp"
 #include "sim/sweep/report_data.hpp"
 #include "sim/sweep/runner.hpp"
+#include "sim/sweep/sweep.hpp"
 
 namespace dtsim::cli {
 
@@ -51,6 +52,11 @@ int sweep_command(const SweepOptions& o) {
       std::cout << fmt::format("  #{} {:<{}} {:<44} {:>9.4f} s  {:>7.0f} tok/s/GPU  MFU {:4.1f}%  ({})\n", i + 1,
                                r.cluster_label, width, sweep::layout_label(r.layout, r.micro_batch), r.step_time_s,
                                r.tokens_per_s_per_gpu, r.mfu * 100, r.engine);
+    }
+    {  // the ranking's robustness within the kernel-time band (models/time_band.hpp)
+      sweep::Evaluator ev(spec);
+      const std::string band = sweep::ranking_band_text(sweep::ranking_band(ev, ranked, spec.rank_by));
+      if (!band.empty()) std::cout << "  band: " << band << "\n";
     }
     std::cout << fmt::format("  written: {0}/results.csv {0}/ranked.csv {0}/sweep.json {0}/report.html {0}/report.md\n",
                              o.out);

@@ -254,4 +254,63 @@ std::vector<size_t> ranking(const std::vector<SweepRow>& rows, RankBy by) {
   return idx;
 }
 
+bool RankingBand::holds() const {
+  for (size_t i = 0; i < order_fast.size(); ++i)
+    if (order_fast[i] != i || order_slow[i] != i) return false;
+  return true;
+}
+
+RankingBand ranking_band(Evaluator& ev, const std::vector<SweepRow>& ranked, RankBy by, size_t top) {
+  RankingBand b;
+  b.rows = std::min(top, ranked.size());
+  for (size_t i = 0; i < b.rows; ++i) {
+    const SweepRow& r = ranked[i];
+    LayoutPoint p;
+    p.id = r.id;
+    p.cluster = r.cluster;
+    p.layout = r.layout;
+    p.micro_batch = r.micro_batch;
+    const auto [lo, hi] = kernel_band_ratios(ev.experiment(p));
+    b.fast.push_back(lo);
+    b.slow.push_back(hi);
+  }
+  // Every ranking metric follows the step time of its row: a time or a cost scales with it,
+  // a rate (rank_value -tokens/s/GPU) with its inverse.
+  auto order = [&](const std::vector<double>& ratio) {
+    std::vector<size_t> idx(b.rows);
+    for (size_t i = 0; i < b.rows; ++i) idx[i] = i;
+    auto value = [&](size_t i) {
+      const double v = rank_value(ranked[i], by);
+      return by == RankBy::tokens_per_s_per_gpu ? v / ratio[i] : v * ratio[i];
+    };
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return value(x) < value(y); });
+    return idx;
+  };
+  b.order_fast = order(b.fast);
+  b.order_slow = order(b.slow);
+  return b;
+}
+
+std::string ranking_band_text(const RankingBand& b) {
+  if (b.rows < 2) return "";
+  if (b.holds())
+    return fmt::format("the top {} keep their order at both ends of the kernel-time band", b.rows);
+  auto list = [](const std::vector<size_t>& o) {
+    std::string t;
+    for (size_t i = 0; i < o.size(); ++i) t += fmt::format("{}#{}", i ? ", " : "", o[i] + 1);
+    return t;
+  };
+  std::string t = fmt::format("the top {} change order within the kernel-time band:", b.rows);
+  bool any = false;
+  for (const auto& [name, o] : {std::pair<const char*, const std::vector<size_t>*>{"fast", &b.order_fast},
+                                {"slow", &b.order_slow}}) {
+    bool same = true;
+    for (size_t i = 0; i < o->size(); ++i) same &= (*o)[i] == i;
+    if (same) continue;
+    t += fmt::format("{} at the {} end {}", any ? ";" : "", name, list(*o));
+    any = true;
+  }
+  return t;
+}
+
 }  // namespace dtsim::sweep

@@ -58,4 +58,19 @@ class Evaluator {
 /// Indices (into `rows`) of the valid rows, best first by `by`, ties by id.
 std::vector<size_t> ranking(const std::vector<SweepRow>& rows, RankBy by);
 
+/// Whether the order of the best `top` of `ranked` (best first, valid rows) holds within the
+/// kernel-time band (models/time_band.hpp): each row's step is scaled by its own
+/// kernel_band_ratios (a comm-bound layout moves less than a compute-bound one), at the fast
+/// and at the slow end, and the rows re-ranked by `by`.
+struct RankingBand {
+  size_t rows = 0;                       // rows compared (min(top, ranked.size()))
+  std::vector<double> fast, slow;        // per row: kernel_band_ratios
+  std::vector<size_t> order_fast, order_slow;  // positions in `ranked`, best first
+  bool holds() const;                    // both orders are 0, 1, 2, ...
+};
+RankingBand ranking_band(Evaluator& ev, const std::vector<SweepRow>& ranked, RankBy by, size_t top = 5);
+/// One line for the sweep's summary, e.g. "the top 5 keep their order at both ends of the
+/// kernel-time band" or "... at the slow end #2 and #3 change places (order 1, 3, 2, 4, 5)".
+std::string ranking_band_text(const RankingBand& b);
+
 }  // namespace dtsim::sweep

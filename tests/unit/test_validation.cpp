@@ -26,6 +26,7 @@
 #include "sim/child_process.hpp"
 #include "sim/engine.hpp"
 #include "sim/validate.hpp"
+#include "tests/unit/temp_dir.hpp"
 
 namespace dtsim {
 namespace {
@@ -118,8 +119,8 @@ TEST(Validation, MemoryOnlyExperimentIsComparedWithoutSimulating) {
 // a 64-expert 1B model, Wang et al. 2024 Table 1); the test states the direction, not the size.
 TEST(Validation, MoeImbalanceCostHasTheRightDirection) {
   const std::string src = kRoot + "/experiments/validation/";
-  const std::string dir = ::testing::TempDir() + "/dtsim_moe_imbalance";
-  std::filesystem::create_directories(dir);
+  const test_files::TempDir tmp;
+  const std::string dir = tmp.path().string();
   auto tflops = [&](const std::string& tag, const ValidationReport& rep) {
     for (const auto& r : rep.rows)
       if (r.file.find(tag) != std::string::npos) return r.simulated;
