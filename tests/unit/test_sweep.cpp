@@ -204,6 +204,8 @@ TEST(SweepEnumerate, ExpertParallelDimensions) {
     EXPECT_EQ(back.layout.ep, p.layout.ep);
     EXPECT_EQ(back.layout.etp, p.layout.etp);
     EXPECT_EQ(back.exposed_ep_s, r.exposed_ep_s);
+    EXPECT_GT(r.host_bound_s, 0.0);  // the dispatcher's host sync in every MoE forward
+    EXPECT_EQ(back.host_bound_s, r.host_bound_s);
   }
   EXPECT_EQ(ok, 8);
   // etp explicit; ep 3 does not divide the 8 experts: invalid with the constraint named.
