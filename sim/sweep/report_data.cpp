@@ -158,14 +158,14 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   ReportTable top;
   top.caption = fmt::format("Best layouts (top {} of {})", std::min<size_t>(ranked.size(), 25), ranked.size());
   top.columns = {"#", "cluster", "layout", "engine", "step time", "analytic", "tokens/s/GPU", "MFU", "TP exp", "CP exp",
-                 "PP exp", "DP exp", "EP exp", "bubble", "peak GiB", "USD/Mtok"};
+                 "PP exp", "DP exp", "EP exp", "bubble", "host-bound", "peak GiB", "USD/Mtok"};
   for (size_t i = 0; i < ranked.size() && i < 25; ++i) {
     const SweepRow& x = ranked[i];
     top.rows.push_back({std::to_string(i + 1), x.cluster_label, layout_label(x.layout, x.micro_batch), x.engine,
                         secs(x.step_time_s), secs(an_step[i]), fmt::format("{:.0f}", x.tokens_per_s_per_gpu),
                         fmt::format("{:.1f}%", x.mfu * 100), secs(x.exposed_tp_s), secs(x.exposed_cp_s),
                         secs(x.exposed_pp_s), secs(x.exposed_dp_s), secs(x.exposed_ep_s), secs(x.bubble_s),
-                        fmt::format("{:.1f}", x.peak_memory_bytes / kGiB),
+                        secs(x.host_bound_s), fmt::format("{:.1f}", x.peak_memory_bytes / kGiB),
                         x.usd_per_mtoken > 0 ? fmt::format("{:.3f}", x.usd_per_mtoken) : "-"});
   }
   r.tables.push_back(top);
