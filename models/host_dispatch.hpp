@@ -50,6 +50,10 @@ namespace dtsim {
 /// stream-ordered event wait, cudaStreamWaitEvent, no kernel).
 int32_t eager_launches(const Op& op);
 
+/// Whether `op` is replayed from a CUDA graph (Op::graph >= 0 and its shapes are static);
+/// otherwise the host launches it eagerly.
+bool captured_in_graph(const Op& op);
+
 /// Sets Op::host_s of every op of `stage` from exp.cluster.host_dispatch and the capture
 /// regions (Op::graph, Op::dynamic_shape) the plan builder stamped (rule above). Seconds.
 void assign_host_dispatch(StagePlan& stage, const Experiment& exp);

@@ -889,7 +889,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
       int64_t eager = 0, syncs = 0;
       double compute = 0;
       for (const Op& op : st.ops) {
-        if (op.graph < 0 || op.dynamic_shape) eager += eager_launches(op);
+        if (!captured_in_graph(op)) eager += eager_launches(op);
         syncs += op.host_sync ? 1 : 0;
         if (op.type == OpType::compute) compute += op.time_s;
       }

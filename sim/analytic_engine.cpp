@@ -1030,24 +1030,24 @@ StepResult simulate_step_analytic(const Experiment& exp) {
   validate_experiment(exp);
   AnalyticEngine eng(exp);
   StepResult r = eng.step_result(exp.layout, exp.training.micro_batch);
-  add_kernel_band(exp, r);
+  add_kernel_band(exp, r, r.step_time_s);
   return r;
 }
 
-std::pair<double, double> kernel_band_ratios(const Experiment& exp) {
+std::pair<double, double> kernel_band_ratios(const Experiment& exp, double nominal_s) {
   validate_experiment(exp);
   auto step = [&](TimeScenario sc) {
     Experiment e = exp;
     e.time_scenario = sc;
     return AnalyticEngine(e).estimate(e.layout, e.training.micro_batch).step_time_s;
   };
-  const double nominal = step(TimeScenario::nominal);
+  const double nominal = nominal_s > 0 ? nominal_s : step(TimeScenario::nominal);
   if (!(nominal > 0)) return {1.0, 1.0};
   return {step(TimeScenario::fast) / nominal, step(TimeScenario::slow) / nominal};
 }
 
-void add_kernel_band(const Experiment& exp, StepResult& r) {
-  const auto [lo, hi] = kernel_band_ratios(exp);
+void add_kernel_band(const Experiment& exp, StepResult& r, double nominal_s) {
+  const auto [lo, hi] = kernel_band_ratios(exp, nominal_s);
   r.step_time_lo_s = r.step_time_s * lo;
   r.step_time_hi_s = r.step_time_s * hi;
 }

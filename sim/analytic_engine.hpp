@@ -139,10 +139,12 @@ StepResult simulate_step_analytic(const Experiment& exp);
 /// closed-form step with every compute op at the fast end of its data, and at the slow end,
 /// each over the nominal closed-form step ({fast / nominal, slow / nominal}); an engine's
 /// band is its own step time times these. Three AnalyticEngine estimates of exp.layout
-/// (milliseconds). Throws InputError as simulate_step_analytic.
-std::pair<double, double> kernel_band_ratios(const Experiment& exp);
+/// (milliseconds); two when the caller already has the nominal closed-form step
+/// (`nominal_s` > 0). Throws InputError as simulate_step_analytic.
+std::pair<double, double> kernel_band_ratios(const Experiment& exp, double nominal_s = 0);
 
-/// Fills r.step_time_lo_s / step_time_hi_s from kernel_band_ratios(exp) and r.step_time_s.
-void add_kernel_band(const Experiment& exp, StepResult& r);
+/// Fills r.step_time_lo_s / step_time_hi_s from kernel_band_ratios(exp, nominal_s) and
+/// r.step_time_s (`nominal_s`: r's own step when r is the closed form's).
+void add_kernel_band(const Experiment& exp, StepResult& r, double nominal_s = 0);
 
 }  // namespace dtsim

@@ -65,8 +65,8 @@ constexpr double kNvlsEfficiency = 275.0 * 9.0 / 8.0 / 450.0;
 // figure stands for a current Megatron-Core + TE step. x86 hosts without a measurement of
 // their own (DGX A100: AMD EPYC 7742; DGX B200: Xeon Platinum 8570; DGX H200 / H800: Xeon
 // 8480C class) take the DGX H100 figure (stated assumption).
-constexpr double kX86HostDispatch = 13.48 * us;
-constexpr double kGraceHostDispatch = 37.08 * us;
+constexpr double kX86HostDispatch = 13.48 * us;    // TE#2053, H100 DGX torch CPU runtime
+constexpr double kGraceHostDispatch = 37.08 * us;  // TE#2053, GB200 torch CPU runtime
 // ---------------------------------------------------------------------------------------
 
 const std::vector<NodePreset>& registry() {
