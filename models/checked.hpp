@@ -99,6 +99,31 @@ inline constexpr int64_t kMaxPlanOps = int64_t{1} << 25;  // 33,554,432
 inline constexpr const char* kMaxPlanOpsWhy =
     "each op takes about 150 bytes and is simulated one by one: 2^25 ops hold about 5 GB";
 
+/// Operations the SimGrid engine simulates in one step: the plan's operations (all stages)
+/// times the ranks simulated per stage (1 folded; dp x tp x cp with --no-fold, each rank
+/// running its stage's plan). Measured with --no-fold on a 2-core machine (README "Every
+/// rank"), a rank-operation costs 0.3 us at 1,024 simulated ranks, 0.9 us at 16,384 and
+/// 1.4 us at 32,768, so 2^31 of them take from 10 minutes to an hour.
+inline constexpr int64_t kMaxSimulatedOps = int64_t{1} << 31;  // 2,147,483,648
+inline constexpr const char* kMaxSimulatedOpsWhy =
+    "each is simulated one by one at 0.3-1.4 us on a 2-core machine: 2^31 take 10 minutes to an hour";
+
+/// Ranks the SimGrid engine simulates at once (--no-fold: every GPU). The cost of each
+/// simulated operation grows with the rank count (SimGrid's actors and activities outgrow
+/// the processor caches: 0.3 us per rank-operation at 1,024 ranks, 1.4 us at 32,768), so that
+/// a 65,536-rank step of even two micro-batches takes several minutes on a 2-core machine.
+inline constexpr int64_t kMaxSimulatedRanks = int64_t{1} << 16;  // 65,536
+inline constexpr const char* kMaxSimulatedRanksWhy =
+    "the cost of every simulated operation grows with the number of ranks (0.3 us at 1,024, 1.4 us at 32,768 "
+    "on a 2-core machine): 65,536 ranks take minutes for even two micro-batches";
+
+/// Memory the SimGrid engine takes per simulated rank beyond the step plan: its actors
+/// (stacks as touched, SimGrid's actor and activity objects), semaphores, groups and P2P
+/// bookkeeping. Measured with --no-fold on experiments/scale/llama3-405b-16k-h100.yaml:
+/// peak RSS 311 MiB at 4,096 ranks, 1,056 MiB at 16,384, 1,826 MiB at 32,768 (57-63 KiB per
+/// rank; README "Every rank"); 96 KiB leaves room for larger plans.
+inline constexpr int64_t kEngineBytesPerRank = int64_t{96} << 10;  // 96 KiB
+
 /// Sizes of one `dtsim collective` sweep (--min-bytes .. --max-bytes by --factor): each
 /// size is one simulated collective; nccl-tests' default sweep (-b 8 -e 8G -f 2) has 31.
 inline constexpr int64_t kMaxCollectiveSizes = 1000;

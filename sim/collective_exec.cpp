@@ -171,6 +171,28 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
   }
 }
 
+bool closed_form_steps(const Platform& p, const std::vector<int64_t>& members, collectives::CollOp op,
+                       double size_bytes, const CollectiveChoice* want, const collectives::TokenRouting* routing,
+                       std::vector<double>& steps) {
+  steps.clear();
+  auto g = collectives::GroupLayout::of(members, p.gpus_per_node, p.gpus_per_nic);
+  if (g.node_count() != 1) return false;  // inter-node groups have flows in some phase
+  if (routing) g.routing = *routing;
+  const bool strict = want != nullptr;
+  const collectives::Choice c =
+      collectives::choose(op, g, p.model, size_bytes, want ? *want : p.collectives, strict);
+  if (g.n() < 2 || size_bytes <= 0) return false;
+  const collectives::TrafficPlan plan = c.algorithm->plan(op, g, p.model, size_bytes, c.protocol);
+  for (const collectives::Phase& ph : plan.phases) {
+    if (!ph.flows.empty()) return false;
+    // As run_traffic: the local part, then the latency terms.
+    const double local = std::max(ph.intra_s, ph.floor_s);
+    if (local > 0) steps.push_back(local);
+    if (ph.latency_s > 0) steps.push_back(ph.latency_s);
+  }
+  return true;
+}
+
 collectives::Choice execute_collective(const Platform& p, const FoldPolicy& fold, const std::vector<int64_t>& members,
                                        collectives::CollOp op, double size_bytes, const CollectiveChoice* want,
                                        const collectives::TokenRouting* routing) {

@@ -57,6 +57,15 @@ collectives::Choice execute_collective(const Platform& p, const FoldPolicy& fold
                                        const CollectiveChoice* want = nullptr,
                                        const collectives::TokenRouting* routing = nullptr);
 
+/// For a collective that moves no bytes between nodes (every phase of its traffic plan
+/// closed-form, e.g. a TP group inside one NVLink domain): the sleeps execute_collective
+/// would run, in order (zero ones left out), in `steps`; returns true. False when a phase has
+/// flows (they must be simulated on the links) and for a group of one member or no bytes
+/// (nothing to wait for). Same arguments and choice as execute_collective.
+bool closed_form_steps(const Platform& p, const std::vector<int64_t>& members, collectives::CollOp op,
+                       double size_bytes, const CollectiveChoice* want, const collectives::TokenRouting* routing,
+                       std::vector<double>& steps);
+
 /// The engine's entry point: AllReduce, ReduceScatter or AllGather with the platform's
 /// choice. ReduceOp (SUM/AVG) does not change the cost: NCCL's ncclAvg is a SUM with the
 /// division folded into the same kernel (NCCL 2.10 release notes, ncclAvg).

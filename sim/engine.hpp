@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "models/experiment.hpp"
 #include "models/result.hpp"
@@ -21,6 +22,26 @@ struct EngineOptions {
   /// then simulated one by one instead of in runs, which is slower.
   Trace* trace = nullptr;
 };
+
+/// What one SimGrid step of `exp` costs before it runs: ranks simulated, rank-operations
+/// (models/checked.hpp kMaxSimulatedOps) and the engine's memory estimate in bytes (the
+/// step plan at ~150 B per op plus kEngineBytesPerRank per simulated rank).
+struct EngineBudget {
+  int64_t simulated_ranks = 0;
+  int64_t simulated_ops = 0;
+  int64_t memory_bytes = 0;
+};
+EngineBudget engine_budget(const Experiment& exp, const EngineOptions& opts);
+
+/// Throws InputError, naming `where` (the experiment file), the option, the figure and the
+/// limit, when the step would exceed what this machine allows: simulated ranks above
+/// limits::kMaxSimulatedRanks, rank-operations above limits::kMaxSimulatedOps, or the
+/// memory estimate above the machine's physical memory
+/// (sysconf _SC_PHYS_PAGES). simulate_step checks it before planning; dtsim run before
+/// anything else.
+/// `physical_bytes` > 0 stands for the machine's memory (tests).
+void check_engine_limits(const Experiment& exp, const EngineOptions& opts, const std::string& where,
+                         int64_t physical_bytes = 0);
 
 /// Simulates one training step of `exp` on the SimGrid engine in this process.
 /// SimGrid keeps one engine per process: call this at most once per process unless

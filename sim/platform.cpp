@@ -3,7 +3,10 @@
 #include <simgrid/kernel/routing/NetPoint.hpp>
 #include <simgrid/kernel/routing/NetZoneImpl.hpp>
 
+#include <malloc.h>
+
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "models/errors.hpp"
@@ -52,6 +55,42 @@ const std::vector<std::pair<std::string, std::string>>& model_flags() {
       // early, so a stage's summed slowdown dipped below zero by ~1e-9 s over thousands of
       // kernels. 1e-12 s keeps every step's books exact to its 1e-9 relative accounting.
       {"surf/precision", "1e-12"},
+  };
+  return flags;
+}
+
+int64_t actor_stack_bytes() {
+#if defined(__SANITIZE_ADDRESS__)
+  return int64_t{1} << 20;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return int64_t{1} << 20;
+#else
+  return int64_t{256} << 10;
+#endif
+#else
+  return int64_t{256} << 10;
+#endif
+}
+
+void prepare_actor_stacks() {
+  // Without a guard page SimGrid takes each stack from calloc (ContextSwapped.cpp): served by
+  // mmap, its pages are zero already and only those an actor touches cost memory; served from
+  // the heap, calloc writes zeros over all of it. glibc raises its mmap threshold up to 32 MiB
+  // as large blocks are freed (mallopt(3), M_MMAP_THRESHOLD), which would move the stacks onto
+  // the heap; fixing the threshold at the stack size keeps them on mmap.
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(actor_stack_bytes()));
+  // And without glibc's cap of 65,536 mmap'd blocks (M_MMAP_MAX), past which the stacks of a
+  // run with more actors (an unfolded 32,768-GPU step has ~98,000) came from the heap, zeroed
+  // in full: 256 KiB each. Consecutive stacks merge into one memory map, so the kernel's
+  // vm.max_map_count is not approached; where an mmap fails glibc falls back to the heap.
+  mallopt(M_MMAP_MAX, std::numeric_limits<int>::max());
+}
+
+const std::vector<std::pair<std::string, std::string>>& context_flags() {
+  static const std::vector<std::pair<std::string, std::string>> flags = {
+      {"contexts/stack-size", std::to_string(actor_stack_bytes() / 1024)},  // KiB
+      {"contexts/guard-size", "0"},
   };
   return flags;
 }

@@ -30,6 +30,24 @@ inline constexpr double kLinkLatency = 1e-9;
 /// bytes alone on a link of bandwidth B takes S/B.
 const std::vector<std::pair<std::string, std::string>>& model_flags();
 
+/// SimGrid's actor contexts as dtsim sets them (recorded with model_flags in every result):
+/// a simulated rank is one to a few actors (sim/simgrid_engine.cpp), each on a stack of its
+/// own. SimGrid 3.32's defaults (src/kernel/context/ContextSwapped.cpp SwappedContext, at
+/// tag v3.32) are an 8 MiB stack plus a one-page guard made with mprotect: two memory maps
+/// per actor, so Linux's default vm.max_map_count (65,530) ends a run near 32,000 actors
+/// ("Failed to protect stack"). Without the guard, consecutive stacks merge into one map.
+/// dtsim's actors never recurse: 256 KiB (1 MiB under AddressSanitizer, whose frames carry
+/// redzones) holds their deepest call chain, the tests' unfolded runs and every shipped
+/// experiment included.
+const std::vector<std::pair<std::string, std::string>>& context_flags();
+
+/// Stack bytes per actor under context_flags().
+int64_t actor_stack_bytes();
+
+/// Makes the C library serve every block of actor_stack_bytes() or more by mmap, so that a
+/// stack costs only the pages its actor touches (call before the actors are created).
+void prepare_actor_stacks();
+
 struct Platform {
   std::vector<simgrid::s4u::Host*> hosts;  // GPU g is hosts[g]
   int64_t gpus_per_node = 1;

@@ -10,6 +10,7 @@
 // sleep) and one communication-stream actor per kind it issues asynchronously (DP
 // buckets, ZeRO gathers, CP K/V, TP re-gathers), in NCCL's in-order stream semantics.
 // With folding, one representative rank per pipeline stage is simulated.
+#include <simgrid/kernel/Timer.hpp>
 #include <simgrid/s4u.hpp>
 #include <xbt/log.h>
 
@@ -27,6 +28,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <unistd.h>
+
+#include "models/checked.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/memory.hpp"
@@ -49,6 +53,7 @@ namespace dtsim {
 namespace {
 
 using simgrid_engine::build_platform;
+using simgrid_engine::closed_form_steps;
 using simgrid_engine::execute_collective;
 using simgrid_engine::flow_bytes;
 using simgrid_engine::launch_fold_siblings;
@@ -67,6 +72,9 @@ struct Stats {
 };
 
 struct RankState;
+struct GroupState;
+
+inline constexpr size_t kGroupKinds = static_cast<size_t>(GroupKind::EDP) + 1;
 
 struct QueuedOp {
   const Op* op;
@@ -103,14 +111,23 @@ struct RankState {
   std::array<double, kCommKinds> active_sms{};
   sg4::SemaphorePtr collective;   // released when a collective it waits in completes
   std::array<Stream, kCommKinds> streams;
-  std::map<std::pair<int, int64_t>, int64_t> group_seq;  // (GroupKind, group id) -> next seq
-  std::vector<sg4::CommPtr> sends;  // P2P sends in flight or done (timed at the end)
+  // Per group kind (a rank is in one group of each kind): the group, looked up once
+  // (Simulation::group_of), and the next instance number of its collectives.
+  std::array<GroupState*, kGroupKinds> groups{};
+  std::array<int64_t, kGroupKinds> group_seq{};
+  // P2P sends: every send's times (counted at the end, in posting order, so that sums and
+  // the trace do not depend on when a transfer is retired), and the transfers not yet
+  // retired, oldest first (`unretired` of them, the last ones of send_info). A finished
+  // transfer is released at the next send (retire_sends), so that memory holds the sends in
+  // flight, not every send of the step.
   struct SendInfo {
     const Op* op;
     double posted_at;  // when the compute stream posted it
     double alpha;      // P2P latency to the receiver (Platform::alpha)
+    double ready = 0;  // flow end + alpha: the bytes usable at the receiver
   };
-  std::vector<SendInfo> send_info;  // parallel to `sends`
+  std::vector<SendInfo> send_info;
+  std::deque<sg4::CommPtr> sends;  // parallel to the last sends.size() entries of send_info
   std::deque<Op> split_ops;         // parts of pipelined TP collectives (stable addresses)
   bool finished = false;            // the compute actor reached the end of its plan
   Stats stats;
@@ -125,6 +142,7 @@ struct Message {
 
 struct Instance {
   int arrived = 0;
+  double latest = -1.0;  // the latest arrival date posted (Simulation::run_collective)
   std::vector<sg4::SemaphorePtr> waiters;
   std::shared_ptr<double> started = std::make_shared<double>(-1.0);  // when the last member arrived
 };
@@ -133,6 +151,9 @@ struct GroupState {
   std::vector<int64_t> members;        // ascending global ranks (ring order)
   std::vector<int64_t> present;        // members simulated by an actor
   std::unordered_map<int64_t, Instance> instances;  // seq -> in-progress instance
+  /// (collective, bytes) -> its sleeps when it moves no bytes between nodes
+  /// (collective_exec.hpp closed_form_steps), nullopt when it has flows.
+  std::map<std::pair<int, double>, std::optional<std::vector<double>>> closed_forms;
 };
 
 TraceStream stream_of(CommKind k) {
@@ -164,15 +185,37 @@ class Simulation {
 
  private:
   bool simulated(int64_t rank) const { return !opts_.fold || rank % stage_size_ == 0; }
-  GroupState& group(GroupKind kind, int64_t rank, int64_t* gid);
-  /// Joins collective instance `seq` of `op`'s group and returns when it completed; the
-  /// result is when it started (its last member arrived).
-  double run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake);
-  int64_t next_seq(RankState& rs, GroupKind kind, int64_t rank);
+  /// The rank's group of `kind`, built on its first use and cached in the rank's state.
+  GroupState& group_of(RankState& rs, GroupKind kind);
+  /// Joins collective instance `seq` of `op`'s group, arriving at `arrival` (now, or later
+  /// for a member whose kernels up to it were not slept through: can_defer), and returns when
+  /// it completed; the result is when it started (its last member arrived).
+  double run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake, double arrival);
+  /// The sleeps of `op` on group `g` when it moves no bytes between nodes, cached per group.
+  const std::optional<std::vector<double>>& closed_form_of(GroupState& g, const Op& op);
+  /// Whether the compute actor may post its arrival at the blocking collective `op` at the
+  /// end of the kernels it has pending, without sleeping through them first: exact when the
+  /// kernels run at full rate (no stream of the rank running or queued, or no SM
+  /// interference), nothing is traced per kernel, and the collective is closed-form over
+  /// several simulated members (it then starts from a timer at its last arrival; with flows
+  /// the last arriver must be at its start to launch them). One blocking wait per member
+  /// instead of two.
+  bool can_defer(RankState& rs, const Op& op);
+  /// Sleeps of a closed-form collective run as kernel timers, one after the other; the last
+  /// releases every waiter (run_collective).
+  struct TimerChain {
+    std::vector<double> steps;
+    size_t next = 0;
+    std::vector<sg4::SemaphorePtr> waiters;
+  };
+  void wake_at_end(const std::shared_ptr<TimerChain>& chain);
+  int64_t next_seq(RankState& rs, GroupKind kind) { return rs.group_seq[static_cast<size_t>(kind)]++; }
   void compute_actor(RankState& rs);
   void stream_actor(RankState& rs, int kind);
   void issue(RankState& rs, const Op& op, bool interferes = true);
-  void blocking_collective(RankState& rs, const Op& op);
+  /// A collective on the compute stream; `deferred`: seconds of kernels the compute actor
+  /// has not slept through, so that it arrives that much after now (can_defer).
+  void blocking_collective(RankState& rs, const Op& op, double deferred = 0);
   void set_active(RankState& rs, int kind, double sms);
   void record(const RankState& rs, TraceStream stream, const Op& op, const char* category, double start,
               const char* name = nullptr, double end = -1, bool async = false);
@@ -180,9 +223,13 @@ class Simulation {
   void record_bubble(const RankState& rs, const Op& op, double t0, double start);
   std::string group_label(const RankState& rs, GroupKind kind);
   void run_kernels(RankState& rs, double seconds);
+  /// No communication stream of the rank holds SMs or has an op queued.
+  static bool streams_idle(const RankState& rs);
   void wait_handle(RankState& rs, const Op& op);
   void send(RankState& rs, const Op& op);
   void recv(RankState& rs, const Op& op);
+  /// Releases the rank's finished P2P transfers, oldest first, noting when each ended.
+  void retire_sends(RankState& rs);
   int64_t pp_peer(const RankState& rs, const Op& op) const {
     return rs.rank + (static_cast<int64_t>(op.peer_stage) - rs.stage) * stage_size_;
   }
@@ -203,32 +250,50 @@ class Simulation {
   int64_t next_async_id_ = 1;  // trace: async slice ids (P2P transfers)
 };
 
-GroupState& Simulation::group(GroupKind kind, int64_t rank, int64_t* gid) {
-  auto members = grid_.group_of(rank, kind);
-  const int64_t id = members.front();
-  if (gid) *gid = id;
-  auto key = std::make_pair(static_cast<int>(kind), id);
+GroupState& Simulation::group_of(RankState& rs, GroupKind kind) {
+  GroupState*& cached = rs.groups[static_cast<size_t>(kind)];
+  if (cached) return *cached;
+  auto members = grid_.group_of(rs.rank, kind);
+  auto key = std::make_pair(static_cast<int>(kind), members.front());
   auto it = groups_.find(key);
-  if (it != groups_.end()) return it->second;
-  GroupState g;
-  g.members = std::move(members);
-  for (int64_t m : g.members) {
-    if (simulated(m)) g.present.push_back(m);
+  if (it == groups_.end()) {
+    GroupState g;
+    g.members = std::move(members);
+    for (int64_t m : g.members) {
+      if (simulated(m)) g.present.push_back(m);
+    }
+    it = groups_.emplace(key, std::move(g)).first;
   }
-  return groups_.emplace(key, std::move(g)).first->second;
+  cached = &it->second;  // std::map nodes keep their address
+  return *cached;
 }
 
-int64_t Simulation::next_seq(RankState& rs, GroupKind kind, int64_t rank) {
-  int64_t gid = 0;
-  group(kind, rank, &gid);
-  return rs.group_seq[{static_cast<int>(kind), gid}]++;
+const std::optional<std::vector<double>>& Simulation::closed_form_of(GroupState& g, const Op& op) {
+  const bool ep_a2a = op.group == GroupKind::EP && op.collective == Collective::AllToAll;
+  const collectives::CollOp cop = ep_a2a ? collectives::CollOp::AllToAll : collectives::to_op(op.collective);
+  const auto key = std::make_pair(static_cast<int>(cop), op.size_bytes);
+  auto it = g.closed_forms.find(key);
+  if (it != g.closed_forms.end()) return it->second;
+  std::optional<std::vector<double>> steps;
+  std::vector<double> out;
+  if (closed_form_steps(platform_, g.members, cop, op.size_bytes, ep_a2a && ep_choice_ ? &*ep_choice_ : nullptr,
+                        ep_a2a ? &ep_routing_ : nullptr, out))
+    steps = std::move(out);
+  return g.closed_forms.emplace(key, std::move(steps)).first->second;
 }
 
-double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake) {
-  int64_t gid = 0;
-  GroupState& g = group(op.group, rs.rank, &gid);
+bool Simulation::can_defer(RankState& rs, const Op& op) {
+  if (opts_.trace || !(overlap_speed_ >= 1.0 || streams_idle(rs))) return false;
+  GroupState& g = group_of(rs, op.group);
+  return g.present.size() > 1 && closed_form_of(g, op).has_value();
+}
+
+double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, const sg4::SemaphorePtr& wake,
+                                  double arrival) {
+  GroupState& g = group_of(rs, op.group);
   Instance& inst = g.instances[seq];
   inst.arrived++;
+  inst.latest = std::max(inst.latest, arrival);
   if (inst.arrived < static_cast<int>(g.present.size())) {
     inst.waiters.push_back(wake);
     const std::shared_ptr<double> started = inst.started;
@@ -237,9 +302,31 @@ double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, cons
   }
   std::vector<sg4::SemaphorePtr> waiters = std::move(inst.waiters);
   const std::shared_ptr<double> started = inst.started;
+  // Every member posted; the collective starts when the last of them arrives: now, or later
+  // when a member posted an arrival after kernels it did not sleep through (can_defer).
+  const double now = sg4::Engine::get_clock();
+  const double start = std::max(inst.latest, now);
   g.instances.erase(seq);
-  *started = sg4::Engine::get_clock();
-  if (op.group == GroupKind::EP && op.collective == Collective::AllToAll)
+  *started = start;
+  const bool ep_a2a = op.group == GroupKind::EP && op.collective == Collective::AllToAll;
+  if (!waiters.empty()) {
+    if (const auto& steps = closed_form_of(g, op)) {
+      // Inside one node with several members simulated (unfolded): the members wake together
+      // from kernel timers at the dates the last arriver's sleeps would end (each timer set
+      // at the clock plus one sleep, as sleep_for's end date is), instead of the last
+      // arriver sleeping and then releasing each waiter with a simcall of its own.
+      waiters.push_back(wake);
+      auto chain = std::make_shared<TimerChain>(TimerChain{*steps, 0, std::move(waiters)});
+      if (start > now)
+        sgk::timer::Timer::set(start, [this, chain] { wake_at_end(chain); });
+      else
+        wake_at_end(chain);
+      wake->acquire();
+      return start;
+    }
+  }
+  // Flows: no member defers such a collective (can_defer), so it starts now.
+  if (ep_a2a)
     execute_collective(platform_, fold_, g.members, collectives::CollOp::AllToAll, op.size_bytes,
                        ep_choice_ ? &*ep_choice_ : nullptr, &ep_routing_);
   else
@@ -248,10 +335,19 @@ double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, cons
   return *started;
 }
 
+void Simulation::wake_at_end(const std::shared_ptr<TimerChain>& chain) {
+  if (chain->next == chain->steps.size()) {
+    for (auto& w : chain->waiters) w->release();
+    return;
+  }
+  const double step = chain->steps[chain->next++];
+  sgk::timer::Timer::set(sg4::Engine::get_clock() + step, [this, chain] { wake_at_end(chain); });
+}
+
 void Simulation::issue(RankState& rs, const Op& op, bool interferes) {
   const int k = static_cast<int>(op.kind);
   Stream& st = rs.streams[k];
-  st.queue.push_back({&op, next_seq(rs, op.group, rs.rank), interferes});
+  st.queue.push_back({&op, next_seq(rs, op.group), interferes});
   rs.issued_at[op.handle] = sg4::Engine::get_clock();
   if (!st.actor) {
     st.queued = sg4::Semaphore::create(0);
@@ -271,7 +367,7 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     st.queue.pop_front();
     const double t0 = sg4::Engine::get_clock();
     if (q.interferes) set_active(rs, kind, comm_kernel_sms(*q.op));
-    const double start = run_collective(rs, *q.op, q.seq, st.collective);
+    const double start = run_collective(rs, *q.op, q.seq, st.collective, t0);
     if (q.interferes) set_active(rs, kind, 0.0);
     // In flight from its start (every member there) to its end; before that it waited
     // for the group's other members (models/result.hpp CommStats).
@@ -279,7 +375,7 @@ void Simulation::stream_actor(RankState& rs, int kind) {
     record(rs, stream_of(q.op->kind), *q.op, to_string(q.op->kind), start);
     auto& cs = rs.stats.comm[kind];
     cs.total_s += sg4::Engine::get_clock() - start;
-    cs.bytes += ring_cost(q.op->collective, static_cast<int64_t>(grid_.group_of(rs.rank, q.op->group).size()),
+    cs.bytes += ring_cost(q.op->collective, static_cast<int64_t>(group_of(rs, q.op->group).members.size()),
                           q.op->size_bytes).edge_bytes;
     cs.operations++;
     rs.done[q.op->handle] = 1;
@@ -340,12 +436,26 @@ void Simulation::set_active(RankState& rs, int kind, double sms) {
   if (rs.computing) rs.rate_change->release();
 }
 
+bool Simulation::streams_idle(const RankState& rs) {
+  for (size_t k = 0; k < rs.streams.size(); ++k)
+    if (rs.active_sms[k] > 0 || !rs.streams[k].queue.empty()) return false;
+  return true;
+}
+
 void Simulation::run_kernels(RankState& rs, double seconds) {
   // Kernels slow down while a collective of this rank overlaps them (SMs taken by NCCL,
   // models/compute_cost.hpp): the remaining work is re-timed whenever a stream starts or
   // stops.
   double work = seconds;
   const double begin = sg4::Engine::get_clock();
+  // No stream running or queued: only this actor, now busy in the kernels, could start one,
+  // so the rate stays 1 throughout and a plain sleep ends exactly when the timed wait would
+  // (both are one CPU sleep action of the same duration), without a semaphore acquisition.
+  if (streams_idle(rs)) {
+    sg4::this_actor::sleep_for(work);
+    rs.stats.slowdown_s += (sg4::Engine::get_clock() - begin) - seconds;
+    return;
+  }
   while (work > 1e-15) {
     // The largest SM holder among the running collectives (models/compute_cost.hpp).
     const double sms = *std::max_element(rs.active_sms.begin(), rs.active_sms.end());
@@ -401,6 +511,7 @@ void Simulation::send(RankState& rs, const Op& op) {
   auto& cs = rs.stats.comm[static_cast<int>(CommKind::PP)];
   cs.bytes += op.size_bytes;
   cs.operations++;
+  retire_sends(rs);
   rs.sends.push_back(mb->put_async(msg, static_cast<uint64_t>(flow_bytes(platform_, fold_, rs.rank, dst, op.size_bytes))));
   msg->comm = rs.sends.back();
   rs.send_info.push_back({&op, msg->posted_at, platform_.alpha(platform_.same_node(dst, rs.rank))});
@@ -417,6 +528,16 @@ void Simulation::send(RankState& rs, const Op& op) {
     record(rs, TraceStream::compute, op, "wait", t0, "wait");
   }
 
+}
+
+void Simulation::retire_sends(RankState& rs) {
+  // Oldest first; a transfer still in flight stops the walk (later ones wait for the next
+  // send or the end of the plan). Comm::test() on a finished transfer releases it.
+  while (!rs.sends.empty() && rs.sends.front()->test()) {
+    auto& info = rs.send_info[rs.send_info.size() - rs.sends.size()];
+    info.ready = rs.sends.front()->get_finish_time() + info.alpha;
+    rs.sends.pop_front();
+  }
 }
 
 void Simulation::recv(RankState& rs, const Op& op) {
@@ -461,10 +582,10 @@ void Simulation::recv(RankState& rs, const Op& op) {
   }
 }
 
-void Simulation::blocking_collective(RankState& rs, const Op& op) {
-  const int64_t seq = next_seq(rs, op.group, rs.rank);
-  const double t0 = sg4::Engine::get_clock();
-  const double start = run_collective(rs, op, seq, rs.collective);
+void Simulation::blocking_collective(RankState& rs, const Op& op, double deferred) {
+  const int64_t seq = next_seq(rs, op.group);
+  const double t0 = sg4::Engine::get_clock() + deferred;  // arrival
+  const double start = run_collective(rs, op, seq, rs.collective, t0);
   // Waiting for the group's other members to arrive (e.g. the last pipeline stage for the
   // first at the tied-embedding AllReduce) is bubble; from the start on, exposed
   // communication (models/result.hpp CommStats).
@@ -475,7 +596,7 @@ void Simulation::blocking_collective(RankState& rs, const Op& op) {
   auto& cs = rs.stats.comm[static_cast<int>(op.kind)];
   cs.total_s += dt;
   cs.exposed_s += dt;
-  cs.bytes += ring_cost(op.collective, static_cast<int64_t>(grid_.group_of(rs.rank, op.group).size()),
+  cs.bytes += ring_cost(op.collective, static_cast<int64_t>(group_of(rs, op.group).members.size()),
                         op.size_bytes).edge_bytes;
   cs.operations++;
 }
@@ -606,8 +727,14 @@ void Simulation::compute_actor(RankState& rs) {
         if (op.phase == Phase::optimizer) rs.stats.optimizer_s += op.time_s;
         break;
       case OpType::collective:
-        flush();
-        blocking_collective(rs, op);
+        if (pending > 0 && can_defer(rs, op)) {
+          const double deferred = pending;
+          pending = 0;
+          blocking_collective(rs, op, deferred);
+        } else {
+          flush();
+          blocking_collective(rs, op);
+        }
         break;
       case OpType::issue:
         flush();
@@ -634,17 +761,17 @@ void Simulation::compute_actor(RankState& rs) {
   // the bytes being usable at the receiver (flow end + alpha), the same window the
   // receiver counts: a message counts once at each end, as a collective counts on every
   // member. Exposed send time (a blocking send's wait) lies inside it.
-  if (!rs.sends.empty()) {
-    sg4::Comm::wait_all(rs.sends);
-    for (size_t i = 0; i < rs.sends.size(); ++i) {
-      const auto& info = rs.send_info[i];
-      const double ready = rs.sends[i]->get_finish_time() + info.alpha;
-      rs.stats.comm[static_cast<int>(CommKind::PP)].total_s += ready - info.posted_at;
-      record(rs, TraceStream::pp, *info.op, "PP", info.posted_at, nullptr, ready, /*async=*/true);
-    }
-    rs.sends.clear();
-    rs.send_info.clear();
+  const size_t first = rs.send_info.size() - rs.sends.size();
+  for (size_t i = 0; i < rs.sends.size(); ++i) {
+    rs.sends[i]->wait();
+    rs.send_info[first + i].ready = rs.sends[i]->get_finish_time() + rs.send_info[first + i].alpha;
   }
+  rs.sends.clear();
+  for (const auto& info : rs.send_info) {
+    rs.stats.comm[static_cast<int>(CommKind::PP)].total_s += info.ready - info.posted_at;
+    record(rs, TraceStream::pp, *info.op, "PP", info.posted_at, nullptr, info.ready, /*async=*/true);
+  }
+  rs.send_info.clear();
 }
 
 StepResult Simulation::run() {
@@ -655,11 +782,13 @@ StepResult Simulation::run() {
   char* argv[] = {arg0, nullptr};
   sg4::Engine engine(&argc, argv);
   StepResult res;
-  for (const auto& [k, v] : simgrid_engine::model_flags()) {
-    sg4::Engine::set_config(k + ":" + v);
-    res.engine_config[k] = v;
-  }
+  for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
+    for (const auto& [k, v] : *flags) {
+      sg4::Engine::set_config(k + ":" + v);
+      res.engine_config[k] = v;
+    }
   res.engine_config["link_latency_s"] = "1e-09";
+  simgrid_engine::prepare_actor_stacks();
   platform_ = build_platform(plan_.exp.cluster);
   fold_.fold = opts_.fold;
   overlap_speed_ = comm_overlap_speed(plan_.exp.cluster.gpu, plan_.exp.training.comm_interference);
@@ -789,7 +918,50 @@ StepResult Simulation::run() {
 
 }  // namespace
 
+EngineBudget engine_budget(const Experiment& exp, const EngineOptions& opts) {
+  const Layout& l = exp.layout;
+  const int64_t per_stage = opts.fold ? 1 : checked::product({l.dp, l.tp, l.cp}).value_or(INT64_MAX);
+  const int64_t ops = plan_op_bound(exp);
+  EngineBudget b;
+  b.simulated_ranks = checked::mul(per_stage, l.pp).value_or(INT64_MAX);
+  b.simulated_ops = checked::mul(per_stage, ops).value_or(INT64_MAX);
+  const auto plan_bytes = checked::mul(ops, int64_t{150}).value_or(INT64_MAX);
+  const auto rank_bytes = checked::mul(b.simulated_ranks, limits::kEngineBytesPerRank).value_or(INT64_MAX);
+  b.memory_bytes = plan_bytes > INT64_MAX - rank_bytes ? INT64_MAX : plan_bytes + rank_bytes;
+  return b;
+}
+
+void check_engine_limits(const Experiment& exp, const EngineOptions& opts, const std::string& where,
+                         int64_t physical_bytes) {
+  const EngineBudget b = engine_budget(exp, opts);
+  const std::string how = opts.fold ? "the folded engine simulates one rank per stage"
+                                    : "--no-fold simulates every rank: layout.dp x tp x cp = " +
+                                          checked::with_commas(b.simulated_ranks / exp.layout.pp) + " ranks per stage";
+  const std::string hint = opts.fold ? "" : "; run without --no-fold (one rank per stage)";
+  if (b.simulated_ranks > limits::kMaxSimulatedRanks)
+    throw InputError(where + ": " + how + " x layout.pp " + std::to_string(exp.layout.pp) + " = " +
+                     checked::with_commas(b.simulated_ranks) + " simulated ranks, above the " +
+                     checked::with_commas(limits::kMaxSimulatedRanks) + "-rank limit (" +
+                     limits::kMaxSimulatedRanksWhy + ")" + hint);
+  if (b.simulated_ops > limits::kMaxSimulatedOps)
+    throw InputError(where + ": " + how + " x up to " + checked::with_commas(plan_op_bound(exp)) +
+                     " plan operations = " + checked::with_commas(b.simulated_ops) + " rank-operations, above the " +
+                     checked::with_commas(limits::kMaxSimulatedOps) + "-operation limit (" +
+                     limits::kMaxSimulatedOpsWhy + ")" + hint);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (physical_bytes > 0 || (pages > 0 && page > 0)) {
+    const int64_t phys = physical_bytes > 0 ? physical_bytes : checked::mul(pages, page).value_or(INT64_MAX);
+    if (b.memory_bytes > phys)
+      throw InputError(where + ": " + how + ", " + checked::with_commas(b.simulated_ranks) +
+                       " simulated ranks need about " + checked::with_commas(b.memory_bytes >> 20) +
+                       " MiB (" + checked::with_commas(limits::kEngineBytesPerRank >> 10) +
+                       " KiB per rank plus 150 B per plan operation), above this machine's " +
+                       checked::with_commas(phys >> 20) + " MiB of physical memory" + hint);
+  }
+}
+
 StepResult simulate_step(const Experiment& exp, const EngineOptions& opts) {
+  check_engine_limits(exp, opts, exp.title.empty() ? "experiment" : "experiment \"" + exp.title + "\"");
   const StepPlan plan = build_step_plan(exp);
   Simulation sim(plan, opts);
   StepResult r = sim.run();

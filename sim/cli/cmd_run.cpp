@@ -59,17 +59,8 @@ int run_command(const RunOptions& o) {
   if (o.json_path == "-" && o.trace_path == "-")
     throw InputError("--json - --trace -: only one output can go to standard output");
   const Experiment exp = load_experiment(o.experiment, o.sets);
-  if (o.no_fold) {
-    // Unfolded, every rank runs its stage's plan: ranks per stage x the plan's ops.
-    const Layout& l = exp.layout;
-    const auto ops = checked::mul(checked::product({l.dp, l.tp, l.cp}).value_or(INT64_MAX), plan_op_bound(exp));
-    if (!ops || *ops > limits::kMaxPlanOps)
-      throw InputError(o.experiment + ": --no-fold simulates every rank: layout.dp x tp x cp = " +
-                       checked::with_commas(l.dp * l.tp * l.cp) + " ranks per stage x up to " +
-                       checked::with_commas(plan_op_bound(exp)) + " plan operations is above the " +
-                       checked::with_commas(limits::kMaxPlanOps) + "-operation limit (" + limits::kMaxPlanOpsWhy +
-                       "); run without --no-fold (one rank per stage)");
-  }
+  // The engine's limits (rank-operations, memory), before any other work.
+  check_engine_limits(exp, EngineOptions{.fold = !o.no_fold}, o.experiment);
   // Fail before a long run (the input files are known now; the writes check again).
   if (!o.json_path.empty()) require_output_file(o.json_path, "--json", true);
   if (!o.trace_path.empty()) require_output_file(o.trace_path, "--trace", true);

@@ -57,7 +57,9 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   char arg0[] = "dtsim";
   char* argv[] = {arg0, nullptr};
   sg4::Engine engine(&argc, argv);
-  for (const auto& [k, v] : simgrid_engine::model_flags()) sg4::Engine::set_config(k + ":" + v);
+  for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
+    for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
+  simgrid_engine::prepare_actor_stacks();
   const simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
   const simgrid_engine::FoldPolicy fp{fold, sample_planes};
 

@@ -56,6 +56,43 @@ void BM_CollectiveConcurrentGroups(benchmark::State& state) {
 }
 BENCHMARK(BM_CollectiveConcurrentGroups)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
+/// `dtsim collective --cluster dgx-h100 --gpus N --op OP` as the command runs it (issue 17
+/// targets, this 2-core machine): every GPU in the group, the automatic algorithm, one size
+/// (state.range(2) = 1: 1 GiB) or nccl-tests' default 31 sizes (8 B to 8 GiB by 2; 0).
+/// Args: op (0 AllReduce, 1 AllToAll), GPUs, one size. Targets: AllToAll over 1,024 GPUs at
+/// one size < 1 s; AllReduce over 16,384 GPUs, 31 sizes < 60 s.
+void BM_CollectiveCommand(benchmark::State& state) {
+  const CollOp op = state.range(0) == 1 ? CollOp::AllToAll : CollOp::AllReduce;
+  const int64_t n = state.range(1);
+  const ClusterSpec c = dgx_h100(n / 8);
+  std::vector<double> sizes;
+  if (state.range(2) == 1) sizes.push_back(1 << 30);
+  else
+    for (double b = 8; b <= 8.0 * (1 << 30); b *= 2) sizes.push_back(b);
+  std::vector<CollectiveRun> runs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    CollectiveRun r;
+    for (int64_t g = 0; g < n; ++g) r.members.push_back(g);
+    r.op = op;
+    r.bytes = sizes[i];
+    r.batch = static_cast<int>(i);
+    runs.push_back(std::move(r));
+  }
+  double simulated = 0;
+  for (auto _ : state) simulated = simulate_collectives_isolated(c, runs).back().time_s;
+  state.counters["sizes"] = static_cast<double>(sizes.size());
+  state.counters["simulated_s_largest"] = simulated;
+}
+BENCHMARK(BM_CollectiveCommand)
+    ->Args({1, 1024, 1})
+    ->Args({0, 1024, 0})
+    ->Args({1, 1024, 0})
+    ->Args({0, 16384, 0})
+    ->ArgNames({"alltoall", "gpus", "one_size"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
+
 /// The tuner's choice for one 8-GPU AllReduce (closed forms of every candidate).
 void BM_CollectiveTunerChoice(benchmark::State& state) {
   const ClusterSpec c = dgx_h100(1);

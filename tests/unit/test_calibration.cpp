@@ -330,9 +330,9 @@ struct CliRun {
   int rc = -1;
   std::string out;
 };
-CliRun run(const std::string& args) {
+CliRun run_shell(const std::string& command) {
   CliRun r;
-  FILE* f = popen((std::string("CUDA_VISIBLE_DEVICES= '") + DTSIM_BINARY + "' " + args + " 2>&1").c_str(), "r");
+  FILE* f = popen(command.c_str(), "r");
   if (!f) return r;
   char buf[4096];
   size_t n;
@@ -341,21 +341,36 @@ CliRun run(const std::string& args) {
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
+CliRun run(const std::string& args) {
+  return run_shell(std::string("CUDA_VISIBLE_DEVICES= '") + DTSIM_BINARY + "' " + args + " 2>&1");
+}
 
 TEST(CalibrationCli, ListAndNoCudaOrNoDevice) {
   CliRun r = run("calibrate '" + kLlama + "' --list");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("gemm m=8192 n=3072 k=4096 bf16 NT"), std::string::npos) << r.out;
-  // No GPU visible (CUDA_VISIBLE_DEVICES empty): a CPU build says it has no CUDA (4), a
-  // CUDA build that no device was found (5); both after listing the kernels.
+  // No GPU visible (CUDA_VISIBLE_DEVICES empty): a CPU build says it has no CUDA calibrator
+  // (4), a CUDA build (its plugin beside dtsim) that no device was found (5); both after
+  // listing the kernels.
   const std::string out = testing::TempDir() + "/calib_never_written.yaml";
   r = run("calibrate '" + kLlama + "' --out '" + out + "'");
   ASSERT_TRUE(r.rc == 4 || r.rc == 5) << r.rc << "\n" << r.out;
-  EXPECT_NE(r.out.find(r.rc == 4 ? "no CUDA support" : "no CUDA device"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(r.rc == 4 ? "no CUDA calibrator" : "no CUDA device"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("distinct compute kernels"), std::string::npos);
   EXPECT_FALSE(std::ifstream(out).good());
   r = run("calibrate '" + kLlama + "'");
   EXPECT_EQ(r.rc, 2) << r.out;  // --out missing
+}
+
+TEST(CalibrationCli, OnlyCalibrateLoadsTheCudaLibraries) {
+  // dtsim itself needs neither the CUDA runtime nor cuBLASLt (models/calibration/measure.hpp):
+  // its dynamic section names no CUDA library, whatever the build; the calibrator plugin,
+  // where built, sits beside it.
+  CliRun r = run_shell("readelf -d " + std::string(DTSIM_BINARY) + " 2>&1 | grep NEEDED");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("libsimgrid"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("libcudart"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("libcublas"), std::string::npos) << r.out;
 }
 
 }  // namespace

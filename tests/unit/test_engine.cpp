@@ -2,9 +2,13 @@
 // ring alpha-beta formula when uncontended, results are deterministic.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <string>
 
+#include "models/checked.hpp"
+#include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/plan.hpp"
 #include "reports/json.hpp"
@@ -251,6 +255,79 @@ TEST(EngineCriticalPath, StageBreakdownSumsToTheStepTime) {
       EXPECT_NEAR(sum, r.step_time_s, 1e-6 * r.step_time_s) << layout << " stage " << s.stage;
     }
   }
+}
+
+TEST(EngineLimits, UnfoldedRankOperationsAboveTheLimitAreRefusedBeforeAnyWork) {
+  // The 16,384-GPU file on 65,536 GPUs (DP 512) with 128 micro-batches per rank: 4,096 ranks
+  // per stage x its plan is above 2^31 rank-operations only when every rank is simulated.
+  auto e = load_experiment(std::string(DTSIM_SOURCE_DIR) + "/experiments/scale/llama3-405b-16k-h100.yaml");
+  e.cluster.nodes *= 4;
+  e.layout.dp *= 4;
+  e.training.global_batch = e.layout.dp * 128;
+  const auto unfolded = engine_budget(e, EngineOptions{.fold = false});
+  const auto folded = engine_budget(e, EngineOptions{.fold = true});
+  EXPECT_EQ(unfolded.simulated_ranks, e.cluster.gpus());
+  EXPECT_EQ(folded.simulated_ranks, e.layout.pp);
+  EXPECT_EQ(unfolded.simulated_ops, folded.simulated_ops * e.layout.dp * e.layout.tp * e.layout.cp);
+  ASSERT_LE(unfolded.simulated_ranks, limits::kMaxSimulatedRanks);
+  ASSERT_GT(unfolded.simulated_ops, limits::kMaxSimulatedOps);
+  try {
+    check_engine_limits(e, EngineOptions{.fold = false}, "big.yaml");
+    FAIL() << "no error";
+  } catch (const InputError& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("big.yaml: --no-fold simulates every rank: layout.dp x tp x cp = 4,096 ranks per stage"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("2,147,483,648-operation limit"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(check_engine_limits(e, EngineOptions{.fold = true}, "big.yaml"));
+  // simulate_step checks the same before planning.
+  EXPECT_THROW(simulate_step(e, EngineOptions{.fold = false}), InputError);
+}
+
+TEST(EngineLimits, UnfoldedRunsAboveTheRankLimitAreRefused) {
+  // 131,072 GPUs with two micro-batches per rank: few operations, too many ranks.
+  auto e = load_experiment(std::string(DTSIM_SOURCE_DIR) + "/experiments/scale/llama3-405b-16k-h100.yaml");
+  e.cluster.nodes *= 8;
+  e.layout.dp *= 8;
+  e.training.global_batch = e.layout.dp * 2;
+  ASSERT_LE(engine_budget(e, EngineOptions{.fold = false}).simulated_ops, limits::kMaxSimulatedOps);
+  try {
+    check_engine_limits(e, EngineOptions{.fold = false}, "wide.yaml");
+    FAIL() << "no error";
+  } catch (const InputError& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("131,072 simulated ranks, above the 65,536-rank limit"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(check_engine_limits(e, EngineOptions{.fold = true}, "wide.yaml"));
+}
+
+TEST(EngineLimits, UnfoldedMemoryAboveThePhysicalMemoryIsRefused) {
+  // 16,384 simulated ranks at kEngineBytesPerRank each, on a machine of 1 GiB.
+  const auto e = load_experiment(std::string(DTSIM_SOURCE_DIR) + "/experiments/scale/llama3-405b-16k-h100.yaml");
+  const auto b = engine_budget(e, EngineOptions{.fold = false});
+  ASSERT_GT(b.memory_bytes, int64_t{1} << 30);
+  try {
+    check_engine_limits(e, EngineOptions{.fold = false}, "mem.yaml", int64_t{1} << 30);
+    FAIL() << "no error";
+  } catch (const InputError& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("16,384 simulated ranks need about"), std::string::npos) << m;
+    EXPECT_NE(m.find("above this machine's 1,024 MiB of physical memory"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(check_engine_limits(e, EngineOptions{.fold = true}, "mem.yaml", int64_t{1} << 30));
+}
+
+TEST(EngineLimits, ContextFlagsAreRecordedWithTheModelFlags) {
+  const auto e = parse_experiment(gpt("{node: dgx-h100, nodes: 1}",
+                                      "{dp: 2, tp: 4, pp: 1, zero_stage: 1, sequence_parallel: true, recompute: none}",
+                                      kTrain),
+                                  "flags.yaml");
+  const auto r = simulate_step_isolated(e, EngineOptions{.fold = false});
+  EXPECT_EQ(r.engine_config.at("contexts/guard-size"), "0");
+  EXPECT_FALSE(r.engine_config.at("contexts/stack-size").empty());
+  EXPECT_EQ(r.engine_config.at("network/model"), "CM02");
 }
 
 }  // namespace

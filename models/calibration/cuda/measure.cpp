@@ -287,7 +287,7 @@ class Runner {
 
 }  // namespace
 
-ComputeProfile measure_kernels(const std::vector<KernelSpec>& kernels, const MeasureOptions& opt, std::ostream& log) {
+ComputeProfile measure_kernels_on_device(const std::vector<KernelSpec>& kernels, const MeasureOptions& opt, std::ostream& log) {
   Runner r(opt, log);
   ComputeProfile prof;
   prof.device = r.identity();
@@ -327,7 +327,7 @@ ComputeProfile measure_kernels(const std::vector<KernelSpec>& kernels, const Mea
   return prof;
 }
 
-double measure_sequence(const std::vector<OpKernel>& ops, const MeasureOptions& opt, std::ostream& log) {
+double measure_sequence_on_device(const std::vector<OpKernel>& ops, const MeasureOptions& opt, std::ostream& log) {
   Runner r(opt, log);
   std::vector<Prepared> ps;
   std::vector<int> counts;
@@ -342,4 +342,43 @@ double measure_sequence(const std::vector<OpKernel>& ops, const MeasureOptions& 
   });
 }
 
+namespace {
+
+// The plugin's side of models/calibration/measure.hpp CalibratorPlugin: no exception leaves
+// the shared object.
+template <class F>
+int guarded(std::string& error, F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const NoCudaDevice& e) {
+    error = e.what();
+    return 1;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return 2;
+  }
+}
+
+const CalibratorPlugin kPlugin{
+    .abi = kCalibratorAbi,
+    .profile_size = sizeof(ComputeProfile),
+    .spec_size = sizeof(KernelSpec),
+    .options_size = sizeof(MeasureOptions),
+    .measure_kernels = [](const std::vector<KernelSpec>& kernels, const MeasureOptions& opt, std::ostream& log,
+                          ComputeProfile& out, std::string& error) {
+      return guarded(error, [&] { out = measure_kernels_on_device(kernels, opt, log); });
+    },
+    .measure_sequence = [](const std::vector<OpKernel>& ops, const MeasureOptions& opt, std::ostream& log,
+                           double& out, std::string& error) {
+      return guarded(error, [&] { out = measure_sequence_on_device(ops, opt, log); });
+    },
+};
+
+}  // namespace
+
 }  // namespace dtsim::calib
+
+extern "C" __attribute__((visibility("default"))) const dtsim::calib::CalibratorPlugin* dtsim_calibrator_plugin() {
+  return &dtsim::calib::kPlugin;
+}
