@@ -9,13 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <string_view>
 #include <stdexcept>
 
 #include "models/errors.hpp"
 #include "models/schedules/schedule.hpp"
 #include "reports/atomic_file.hpp"
 #include "reports/csv.hpp"
+#include "sim/sweep/row_format.hpp"
 
 namespace dtsim::sweep {
 
@@ -150,7 +151,8 @@ SweepRow row_from_json(const nlohmann::json& j) {
 
 std::string header_line(const JournalHeader& h) {
   nlohmann::json j;
-  j["dtsim_sweep_journal"] = 1;
+  j["dtsim_sweep_journal"] = kJournalFormat;
+  j["columns"] = journal_columns();
   j["spec"] = h.spec_path;
   j["fingerprint"] = h.fingerprint;
   j["shard_index"] = h.shard_index;
@@ -167,26 +169,45 @@ JournalContents read_journal(const std::string& path, bool truncate_partial) {
     throw InputError(path + ": cannot read the sweep journal (not a regular file)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read the sweep journal (no such file)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  std::string text;
+  {
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    in.seekg(0, std::ios::beg);
+    if (size > 0) {
+      text.resize(static_cast<size_t>(size));
+      in.read(text.data(), size);
+      text.resize(static_cast<size_t>(in.gcount()));
+    }
+  }
   JournalContents out;
   size_t pos = 0, line_no = 0;
   size_t complete_end = 0;
+  std::string error;
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
     if (nl == std::string::npos) break;  // partial last line: written while killed
-    const std::string line = text.substr(pos, nl - pos);
+    const std::string_view line(text.data() + pos, nl - pos);
     ++line_no;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw InputError(path + ": line " + std::to_string(line_no) + " is not JSON (a damaged sweep journal)");
-    }
     if (line_no == 1) {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception&) {
+        throw InputError(path + ": line 1 is not JSON (not a dtsim sweep journal, or a damaged one)");
+      }
       if (!j.is_object() || !j.contains("dtsim_sweep_journal"))
         throw InputError(path + ": not a dtsim sweep journal (no header line)");
+      const nlohmann::json& f = j.at("dtsim_sweep_journal");
+      out.header.format = f.is_number_integer() ? f.get<int>() : -1;
+      if (out.header.format != 1 && out.header.format != 2)
+        throw InputError(path + ": sweep journal format " + f.dump() + " is not one this dtsim reads (formats 1 and " +
+                         "2; format " + std::to_string(kJournalFormat) + " is written): was it written by a newer dtsim?");
+      if (out.header.format == 2 &&
+          (!j.contains("columns") || !j.at("columns").is_array() || j.at("columns") != nlohmann::json(journal_columns())))
+        throw InputError(path + ": sweep journal format 2 with other columns than this dtsim's (" +
+                         (j.contains("columns") ? j.at("columns").dump() : std::string("none")) +
+                         "): written by another dtsim version; run the sweep again in a new directory");
       out.header.spec_path = j.value("spec", "");
       out.header.fingerprint = j.value("fingerprint", "");
       out.header.shard_index = j.value("shard_index", int64_t{0});
@@ -194,7 +215,18 @@ JournalContents read_journal(const std::string& path, bool truncate_partial) {
       out.header.points = j.value("points", int64_t{0});
       out.header.refine_top = j.value("refine_top", int64_t{0});
       out.header.rank_by = j.value("rank_by", "");
+    } else if (out.header.format == 2) {
+      SweepRow& r = out.rows.emplace_back();
+      if (!parse_journal_record(line, r, error))
+        throw InputError(path + ": line " + std::to_string(line_no) + ": damaged sweep journal record (format 2): " +
+                         error);
     } else {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception&) {
+        throw InputError(path + ": line " + std::to_string(line_no) + " is not JSON (a damaged sweep journal)");
+      }
       try {
         out.rows.push_back(row_from_json(j));
       } catch (const std::runtime_error& e) {
@@ -214,15 +246,21 @@ JournalContents read_journal(const std::string& path, bool truncate_partial) {
 }
 
 JournalWriter::JournalWriter(const std::string& dir, const JournalHeader& h, bool resume,
-                             const std::vector<SweepRow>& existing)
+                             const std::vector<SweepRow>& existing, int existing_format)
     : dir_(dir) {
   const std::string jpath = dir + "/journal.jsonl", cpath = dir + "/results.csv";
   if (!resume) {
     write_file_atomic(jpath, header_line(h));
     write_file_atomic(cpath, sweep_csv_header());
   } else {
+    if (existing_format != kJournalFormat) {
+      // Appending records of this format to an older journal would mix two formats.
+      std::string j = header_line(h);
+      for (const auto& r : existing) append_journal_record(j, r);
+      write_file_atomic(jpath, j);
+    }
     std::string csv = sweep_csv_header();
-    for (const auto& r : existing) csv += sweep_csv_line(r);
+    for (const auto& r : existing) append_csv_line(csv, r);
     write_file_atomic(cpath, csv);
   }
   json_fd_ = open_append(jpath);
@@ -239,14 +277,20 @@ JournalWriter::~JournalWriter() {
 }
 
 void JournalWriter::add(const SweepRow& r) {
-  json_buf_ += to_json(r).dump() + "\n";
-  csv_buf_ += sweep_csv_line(r);
+  append_journal_record(json_buf_, r);
+  append_csv_line(csv_buf_, r);
+  if (++buffered_ >= 512) flush();
+}
+
+void JournalWriter::add(const SweepRow& r, const std::string& csv_line) {
+  append_journal_record(json_buf_, r);
+  csv_buf_ += csv_line;
   if (++buffered_ >= 512) flush();
 }
 
 void JournalWriter::flush() {
   if (buffered_ == 0) return;
-  // JSON first: the journal is the record; results.csv is rebuilt from it on --resume.
+  // The journal first: it is the record; results.csv is rebuilt from it on --resume.
   write_all(json_fd_, json_buf_, dir_ + "/journal.jsonl");
   write_all(csv_fd_, csv_buf_, dir_ + "/results.csv");
   json_buf_.clear();

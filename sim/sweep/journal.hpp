@@ -1,10 +1,19 @@
 #pragma once
-// The sweep journal: OUT/journal.jsonl, one JSON object per line, appended as results arrive
-// (and mirrored to OUT/results.csv). The first line is a header naming the sweep file, its
-// fingerprint and the shard; every other line is one SweepRow. Lines are written whole with
-// one write(2) each batch, so a killed sweep leaves complete lines plus at most one partial
-// last line, which --resume cuts off before it continues: no row is lost (what is not in the
-// journal is computed again) and none is duplicated (what is in it is skipped).
+// The sweep journal: OUT/journal.jsonl, one JSON value per line, appended as results arrive
+// (and mirrored to OUT/results.csv). The first line is a header object naming the sweep
+// file, its fingerprint and the shard; every other line is one SweepRow. Lines are written
+// whole, a batch (up to 512 rows or 0.25 s of them) with one write(2), so a killed sweep
+// leaves complete lines plus at most one partial last line, which --resume cuts off before
+// it continues: no row is lost (what is not in the journal is computed again) and none is
+// duplicated (what is in it is skipped).
+//
+// Formats ("dtsim_sweep_journal" in the header):
+//   2 (written now): each row is a compact record, a JSON array of the header's "columns"
+//     (sim/sweep/row_format.hpp: shortest round-trip doubles, so resumed rows are the
+//     computed ones bit for bit);
+//   1 (dtsim before it): each row is the object to_json(row). Still read by --resume (which
+//     rewrites the journal as format 2 before appending) and by dtsim merge.
+// Any other format is refused with the file and the format named.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,7 +31,11 @@ struct JournalHeader {
   int64_t points = 0;        // points of this shard
   int64_t refine_top = 0;
   std::string rank_by;
+  int format = 2;            // of a journal read (kJournalFormat for one written)
 };
+
+/// The journal format written (see above).
+inline constexpr int kJournalFormat = 2;
 
 nlohmann::json to_json(const SweepRow& r);
 /// Throws std::runtime_error on a malformed row.
@@ -40,13 +53,18 @@ JournalContents read_journal(const std::string& path, bool truncate_partial);
 class JournalWriter {
  public:
   /// Creates both files (header lines) or, with `resume`, opens existing ones for appending
-  /// after rewriting results.csv from `existing` (so both agree after a kill).
-  JournalWriter(const std::string& dir, const JournalHeader& h, bool resume, const std::vector<SweepRow>& existing);
+  /// after rewriting results.csv from `existing` (so both agree after a kill). A resumed
+  /// journal of an older format is first rewritten (atomically) as `h` and `existing` in
+  /// the current one.
+  JournalWriter(const std::string& dir, const JournalHeader& h, bool resume, const std::vector<SweepRow>& existing,
+                int existing_format = kJournalFormat);
   ~JournalWriter();
   JournalWriter(const JournalWriter&) = delete;
   JournalWriter& operator=(const JournalWriter&) = delete;
   /// Buffers a row; flush() writes the buffer (also every 512 rows).
   void add(const SweepRow& r);
+  /// The same with the row's results.csv line (sweep_csv_line(r)) already formatted.
+  void add(const SweepRow& r, const std::string& csv_line);
   void flush();
 
  private:
@@ -56,6 +74,7 @@ class JournalWriter {
   std::string dir_;
 };
 
+/// The header line of a journal written now (format kJournalFormat, with its columns).
 std::string header_line(const JournalHeader& h);
 
 /// An exclusive lock on a sweep's output directory: flock(2) on DIR/sweep.lock, held from

@@ -124,12 +124,20 @@ std::vector<ChartPoint> pareto_front(std::vector<ChartPoint> pts) {
 }
 
 ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
+  std::vector<double> an_step;
+  const std::vector<SweepRow> rows = final_ranking(o, spec.rank_by, &an_step);
+  std::vector<const SweepRow*> ranked;
+  ranked.reserve(rows.size());
+  for (const auto& x : rows) ranked.push_back(&x);
+  return sweep_report(spec, o, ranked, an_step);
+}
+
+ReportData sweep_report(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& ranked,
+                        const std::vector<double>& an_step) {
   ReportData r;
   r.kind = "sweep";
   r.title = spec.title;
   r.source = spec.source;
-  std::vector<double> an_step;
-  const std::vector<SweepRow> ranked = final_ranking(o, spec.rank_by, &an_step);
   int64_t ok = 0, invalid = 0, oom = 0;
   std::map<std::string, int64_t> reasons;
   for (const auto& row : o.analytic) {
@@ -146,7 +154,7 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   r.summary.push_back({"ranked by", to_string(spec.rank_by)});
   r.summary.push_back({"re-simulated (SimGrid)", std::to_string(o.simgrid.size())});
   if (!ranked.empty()) {
-    const SweepRow& b = ranked.front();
+    const SweepRow& b = *ranked.front();
     r.summary.push_back({"best layout", b.cluster_label + ": " + layout_label(b.layout, b.micro_batch)});
     r.summary.push_back({"best step time", fmt::format("{} ({} engine)", secs(b.step_time_s), b.engine)});
     r.summary.push_back({"best tokens/s per GPU", fmt::format("{:.0f}", b.tokens_per_s_per_gpu)});
@@ -160,7 +168,7 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   top.columns = {"#", "cluster", "layout", "engine", "step time", "analytic", "tokens/s/GPU", "MFU", "TP exp", "CP exp",
                  "PP exp", "DP exp", "EP exp", "bubble", "host-bound", "peak GiB", "USD/Mtok"};
   for (size_t i = 0; i < ranked.size() && i < 25; ++i) {
-    const SweepRow& x = ranked[i];
+    const SweepRow& x = *ranked[i];
     top.rows.push_back({std::to_string(i + 1), x.cluster_label, layout_label(x.layout, x.micro_batch), x.engine,
                         secs(x.step_time_s), secs(an_step[i]), fmt::format("{:.0f}", x.tokens_per_s_per_gpu),
                         fmt::format("{:.1f}%", x.mfu * 100), secs(x.exposed_tp_s), secs(x.exposed_cp_s),
@@ -180,22 +188,34 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   }
   if (!bad.rows.empty()) r.tables.push_back(bad);
 
+  // Labels (tooltips) only for the points drawn: the first 1,500 of the ranking and the
+  // points of the two lines, not for every valid layout.
+  constexpr size_t kPlotted = 1500;
+  std::vector<std::string> labels(std::min(ranked.size(), kPlotted));
+  auto label = [&](size_t i) {
+    if (i < labels.size()) {
+      if (labels[i].empty())
+        labels[i] = ranked[i]->cluster_label + ": " + layout_label(ranked[i]->layout, ranked[i]->micro_batch);
+      return labels[i];
+    }
+    return ranked[i]->cluster_label + ": " + layout_label(ranked[i]->layout, ranked[i]->micro_batch);
+  };
+
   // Throughput vs GPU count.
   ScatterChart thr;
   thr.title = "Throughput vs GPU count (valid layouts; line: best per count)";
   thr.x_label = "GPUs";
   thr.y_label = "tokens/s";
   thr.log_x = true;
-  std::map<int64_t, ChartPoint> best_per_gpus;
-  size_t plotted = 0;
-  for (const auto& x : ranked) {
-    ChartPoint pt{x.cluster_label + ": " + layout_label(x.layout, x.micro_batch), static_cast<double>(x.gpus),
-                  x.tokens_per_s, false};
-    if (plotted++ < 1500) thr.points.push_back(pt);
+  std::map<int64_t, size_t> best_per_gpus;  // GPUs -> index into ranked
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const SweepRow& x = *ranked[i];
+    if (i < kPlotted) thr.points.push_back({label(i), static_cast<double>(x.gpus), x.tokens_per_s, false});
     auto it = best_per_gpus.find(x.gpus);
-    if (it == best_per_gpus.end() || pt.y > it->second.y) best_per_gpus[x.gpus] = pt;
+    if (it == best_per_gpus.end() || x.tokens_per_s > ranked[it->second]->tokens_per_s) best_per_gpus[x.gpus] = i;
   }
-  for (auto& [g, p] : best_per_gpus) thr.line.push_back(p);
+  for (auto& [g, i] : best_per_gpus)
+    thr.line.push_back({label(i), static_cast<double>(ranked[i]->gpus), ranked[i]->tokens_per_s, false});
   r.scatters.push_back(thr);
 
   // Pareto: cost vs time.
@@ -203,15 +223,23 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   par.title = priced ? "Cost vs step time (line: Pareto front)" : "GPU-seconds vs step time (line: Pareto front)";
   par.x_label = "step time (s)";
   par.y_label = priced ? "USD per step" : "GPU-seconds per step";
+  // pareto_front of every point, labelled afterwards: the points carry their index in
+  // `ranked` as their label while the front is found (the same sort, so the same front).
   std::vector<ChartPoint> all;
-  plotted = 0;
-  for (const auto& x : ranked) {
-    ChartPoint pt{x.cluster_label + ": " + layout_label(x.layout, x.micro_batch), x.step_time_s,
-                  priced ? x.usd_per_step : x.step_time_s * static_cast<double>(x.gpus), false};
-    all.push_back(pt);
-    if (plotted++ < 1500) par.points.push_back(pt);
+  all.reserve(ranked.size());
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const SweepRow& x = *ranked[i];
+    ChartPoint pt{std::string(), x.step_time_s, priced ? x.usd_per_step : x.step_time_s * static_cast<double>(x.gpus),
+                  false};
+    if (i < kPlotted) {
+      par.points.push_back(pt);
+      par.points.back().label = label(i);
+    }
+    pt.label = std::to_string(i);
+    all.push_back(std::move(pt));
   }
-  par.line = pareto_front(all);
+  par.line = pareto_front(std::move(all));
+  for (auto& pt : par.line) pt.label = label(static_cast<size_t>(std::stoull(pt.label)));
   r.scatters.push_back(par);
 
   // Breakdown of the best layouts.
@@ -220,14 +248,14 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o) {
   br.y_label = "seconds per step";
   br.series = {"compute", "bubble", "TP exposed", "CP exposed", "PP exposed", "DP exposed", "EP exposed"};
   for (size_t i = 0; i < ranked.size() && i < 10; ++i) {
-    const SweepRow& x = ranked[i];
+    const SweepRow& x = *ranked[i];
     br.bars.push_back(fmt::format("#{}", i + 1));
     br.values.push_back({x.compute_s, x.bubble_s, x.exposed_tp_s, x.exposed_cp_s, x.exposed_pp_s, x.exposed_dp_s, x.exposed_ep_s});
   }
   r.bars.push_back(br);
 
   if (!ranked.empty()) {
-    const SweepRow& b = ranked.front();
+    const SweepRow& b = *ranked.front();
     AnalyticEngine eng(spec.clusters[static_cast<size_t>(b.cluster)].base);
     const StepResult res = eng.step_result(b.layout, b.micro_batch);
     r.bars.push_back(memory_chart(res, "Memory per GPU by pipeline stage, best layout"));

@@ -34,5 +34,9 @@ StackedBarChart memory_chart(const StepResult& r, const std::string& title);
 std::vector<ChartPoint> pareto_front(std::vector<ChartPoint> pts);
 
 ReportData sweep_report(const SweepSpec& spec, const Outcome& o);
+/// The same with final_ranking(o, spec.rank_by, &analytic_step) already computed (pointers
+/// into `o`).
+ReportData sweep_report(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& ranked,
+                        const std::vector<double>& analytic_step);
 
 }  // namespace dtsim::sweep

@@ -10,9 +10,9 @@
 #include <iostream>
 #include <ostream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "models/errors.hpp"
 #include "reports/atomic_file.hpp"
@@ -22,6 +22,7 @@
 #include "sim/engine.hpp"
 #include "sim/sweep/journal.hpp"
 #include "sim/sweep/report_data.hpp"
+#include "sim/sweep/row_format.hpp"
 
 namespace dtsim::sweep {
 
@@ -142,6 +143,7 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     throw InputError("--out " + opts.out_dir + " already holds a sweep (journal.jsonl): add --resume to continue it, "
                      "or choose another directory");
   bool resume = false;
+  int existing_format = kJournalFormat;
   if (have_journal && opts.resume) {
     JournalContents jc = read_journal(jpath, true);
     if (jc.header.fingerprint != h.fingerprint)
@@ -154,6 +156,7 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     if (jc.header.refine_top != h.refine_top)
       throw InputError(fmt::format("{}: was run with refine_top {}, not {}", jpath, jc.header.refine_top, refine));
     existing = std::move(jc.rows);
+    existing_format = jc.header.format;
     resume = true;
   }
 
@@ -161,51 +164,70 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   out.lock = lock;
   out.points = static_cast<int64_t>(points.size());
   out.resumed_rows = static_cast<int64_t>(existing.size());
-  std::map<int64_t, SweepRow> analytic, simgrid;
-  for (const auto& r : existing) (r.engine == "analytic" ? analytic : simgrid)[r.id] = r;
+  // The analytic row of each point, by position in `points` (ids ascending), and its
+  // results.csv line, formatted once for the journal's mirror and reused by write_outputs.
+  std::vector<SweepRow> analytic(points.size());
+  std::vector<std::string> analytic_csv(points.size());
+  std::vector<char> have(points.size(), 0);
+  std::vector<int64_t> pos_of_id(all.size(), -1);
+  for (size_t i = 0; i < points.size(); ++i) pos_of_id[static_cast<size_t>(points[i]->id)] = static_cast<int64_t>(i);
+  auto position = [&](int64_t id) -> int64_t {
+    return id >= 0 && id < static_cast<int64_t>(pos_of_id.size()) ? pos_of_id[static_cast<size_t>(id)] : -1;
+  };
+  std::map<int64_t, SweepRow> simgrid;
+  std::map<int64_t, std::string> simgrid_csv;
+  for (const auto& r : existing) {
+    if (r.engine != "analytic") {
+      simgrid[r.id] = r;
+      continue;
+    }
+    const int64_t i = position(r.id);
+    if (i < 0)
+      throw InputError(fmt::format("{}: row {} is not a layout of shard {}/{} of {}: start a new directory", jpath, r.id,
+                                   h.shard_index, h.shard_count, spec.source));
+    analytic[static_cast<size_t>(i)] = r;
+    have[static_cast<size_t>(i)] = 1;
+  }
 
-  JournalWriter journal(dir.string(), h, resume, existing);
+  JournalWriter journal(dir.string(), h, resume, existing, existing_format);
+  existing.clear();
+  existing.shrink_to_fit();
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   Progress bar(std::cerr, opts.progress, tty);
-  int64_t written = static_cast<int64_t>(existing.size());
+  int64_t written = out.resumed_rows;
   auto flush = [&] {
     journal.flush();
     if (opts.on_flush) opts.on_flush(written);
   };
 
-  // 1. Analytic pass.
+  // 1. Analytic pass, in id order, on this thread alone: the engines are not thread-safe, and
+  // the SimGrid pass below forks only while this process has one thread
+  // (sim/child_process.hpp).
   Evaluator ev(spec);
   bar.start("layouts (analytic)", static_cast<int64_t>(points.size()));
   int64_t done = 0;
   double last_flush = now_s();
-  for (const LayoutPoint* p : points) {
-    if (!analytic.count(p->id)) {
-      SweepRow r = ev.analytic(*p);
-      journal.add(r);
-      ++written;
-      analytic.emplace(p->id, std::move(r));
-      if (written % 512 == 0 || now_s() - last_flush > 0.25) {
-        flush();
-        last_flush = now_s();
-      }
-    }
+  for (size_t i = 0; i < points.size(); ++i) {
     bar.update(++done);
+    if (have[i]) continue;
+    analytic[i] = ev.analytic(*points[i]);
+    append_csv_line(analytic_csv[i], analytic[i]);
+    journal.add(analytic[i], analytic_csv[i]);
+    have[i] = 1;
+    ++written;
+    if (written % 512 == 0 || now_s() - last_flush > 0.25) {
+      flush();
+      last_flush = now_s();
+    }
   }
   flush();
   bar.finish();
 
   // 2. SimGrid refinement of the best valid points of this shard.
-  std::vector<SweepRow> rows;
-  rows.reserve(analytic.size());
-  for (auto& [id, r] : analytic) rows.push_back(r);
-  const std::vector<size_t> order = ranking(rows, spec.rank_by);
-  std::vector<const LayoutPoint*> todo;
-  std::map<int64_t, const LayoutPoint*> by_id;
-  for (const LayoutPoint* p : points) by_id[p->id] = p;
-  for (size_t i = 0; i < order.size() && static_cast<int64_t>(i) < refine; ++i) {
-    const int64_t id = rows[order[i]].id;
-    if (!simgrid.count(id)) todo.push_back(by_id.at(id));
-  }
+  const std::vector<size_t> order = ranking(analytic, spec.rank_by);
+  std::vector<size_t> todo;  // positions in `points`
+  for (size_t i = 0; i < order.size() && static_cast<int64_t>(i) < refine; ++i)
+    if (!simgrid.count(analytic[order[i]].id)) todo.push_back(order[i]);
   const int64_t refine_total = std::min<int64_t>(refine, static_cast<int64_t>(order.size()));
   bar.start("layouts (simgrid)", refine_total);
   int64_t des_done = refine_total - static_cast<int64_t>(todo.size());
@@ -213,118 +235,295 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   // `jobs` SimGrid children at a time, all forked by this thread (no worker threads:
   // sim/child_process.hpp says why a process that forks must have only one).
   simulate_steps_isolated(
-      todo.size(), opts.jobs, [&](size_t i) { return ev.experiment(*todo[i]); },
+      todo.size(), opts.jobs, [&](size_t i) { return ev.experiment(*points[todo[i]]); },
       [&](size_t i, StepResult&& r, std::exception_ptr error) {
-        const LayoutPoint& p = *todo[i];
+        const LayoutPoint& p = *points[todo[i]];
+        const SweepRow& an = analytic[todo[i]];
         SweepRow row;
         try {
           if (error) std::rethrow_exception(error);
-          row = ev.from_result(p, r, analytic.at(p.id));
+          row = ev.from_result(p, r, an);
         } catch (const std::exception& e) {
-          row = analytic.at(p.id);
+          row = an;
           row.engine = "simgrid";
           row.status = "error";
           row.reason = std::string("SimGrid engine failed: ") + e.what();
         }
-        journal.add(row);
+        std::string line;
+        append_csv_line(line, row);
+        journal.add(row, line);
         ++written;
         flush();
+        simgrid_csv[p.id] = std::move(line);
         simgrid[p.id] = std::move(row);
         bar.update(++des_done);
       });
   bar.finish();
 
-  for (auto& [id, r] : analytic) out.analytic.push_back(std::move(r));
-  for (auto& [id, r] : simgrid) out.simgrid.push_back(std::move(r));
+  out.analytic = std::move(analytic);
+  out.analytic_csv = std::move(analytic_csv);
+  for (auto& [id, r] : simgrid) {
+    auto it = simgrid_csv.find(id);
+    out.simgrid_csv.push_back(it != simgrid_csv.end() ? std::move(it->second) : std::string());
+    out.simgrid.push_back(std::move(r));
+  }
   out.wall_s = now_s() - t0;
   return out;
 }
 
 // --------------------------------------------------------------------------- output --
 
-std::vector<SweepRow> final_ranking(const Outcome& o, RankBy by, std::vector<double>* analytic_step) {
-  std::map<int64_t, const SweepRow*> des;
-  for (const auto& r : o.simgrid) des[r.id] = &r;
-  std::map<int64_t, double> an_step;
-  for (const auto& r : o.analytic) an_step[r.id] = r.step_time_s;
-  std::vector<SweepRow> refined, rest;
+namespace {
+
+/// Rows sorted by id with the position of each: lookups without a map.
+template <class Value>
+std::vector<std::pair<int64_t, Value>> by_id(std::vector<std::pair<int64_t, Value>> v) {
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return v;
+}
+
+template <class Value>
+const Value* find_id(const std::vector<std::pair<int64_t, Value>>& v, int64_t id) {
+  auto it = std::lower_bound(v.begin(), v.end(), id, [](const auto& e, int64_t x) { return e.first < x; });
+  return it != v.end() && it->first == id ? &it->second : nullptr;
+}
+
+/// final_ranking as pointers into `o`.
+std::vector<const SweepRow*> ranked_rows(const Outcome& o, RankBy by, std::vector<double>* analytic_step) {
+  std::vector<std::pair<int64_t, const SweepRow*>> des_v;
+  des_v.reserve(o.simgrid.size());
+  // The last SimGrid row of an id counts (as a map assignment would keep it).
+  for (const auto& r : o.simgrid) des_v.emplace_back(r.id, &r);
+  std::stable_sort(des_v.begin(), des_v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<int64_t, const SweepRow*>> des;
+  for (size_t i = 0; i < des_v.size(); ++i)
+    if (i + 1 == des_v.size() || des_v[i + 1].first != des_v[i].first) des.push_back(des_v[i]);
+  std::vector<const SweepRow*> refined, rest;
   for (const auto& r : o.analytic) {
     if (!r.valid()) continue;
-    auto it = des.find(r.id);
-    if (it != des.end()) {
-      if (it->second->valid()) refined.push_back(*it->second);
+    if (const SweepRow* const* d = find_id(des, r.id)) {
+      if ((*d)->valid()) refined.push_back(*d);
     } else {
-      rest.push_back(r);
+      rest.push_back(&r);
     }
   }
-  auto cmp = [&](const SweepRow& a, const SweepRow& b) {
-    const double va = rank_value(a, by), vb = rank_value(b, by);
+  auto cmp = [&](const SweepRow* a, const SweepRow* b) {
+    const double va = rank_value(*a, by), vb = rank_value(*b, by);
     if (va != vb) return va < vb;
-    return a.id < b.id;
+    return a->id < b->id;
   };
   std::sort(refined.begin(), refined.end(), cmp);
   std::sort(rest.begin(), rest.end(), cmp);
   refined.insert(refined.end(), rest.begin(), rest.end());
   if (analytic_step) {
+    // The analytic step time of each id (the last analytic row of an id, 0 for none).
+    std::vector<std::pair<int64_t, double>> an_v;
+    an_v.reserve(o.analytic.size());
+    for (const auto& r : o.analytic) an_v.emplace_back(r.id, r.step_time_s);
+    an_v = by_id(std::move(an_v));
+    std::vector<std::pair<int64_t, double>> an;
+    an.reserve(an_v.size());
+    for (size_t i = 0; i < an_v.size(); ++i)
+      if (i + 1 == an_v.size() || an_v[i + 1].first != an_v[i].first) an.push_back(an_v[i]);
     analytic_step->clear();
-    for (const auto& r : refined) analytic_step->push_back(an_step[r.id]);
+    analytic_step->reserve(refined.size());
+    for (const SweepRow* r : refined) {
+      const double* v = find_id(an, r->id);
+      analytic_step->push_back(v ? *v : 0.0);
+    }
   }
   return refined;
 }
 
-void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& dir) {
-  // results.csv: every row, by id, analytic before simgrid.
-  std::vector<const SweepRow*> all;
-  for (const auto& r : o.analytic) all.push_back(&r);
-  for (const auto& r : o.simgrid) all.push_back(&r);
-  std::stable_sort(all.begin(), all.end(), [](const SweepRow* a, const SweepRow* b) {
-    if (a->id != b->id) return a->id < b->id;
-    return a->engine == "analytic" && b->engine != "analytic";
-  });
-  std::string csv = sweep_csv_header();
-  for (const SweepRow* r : all) csv += sweep_csv_line(*r);
-  write_file_atomic(dir + "/results.csv", csv);
+}  // namespace
 
-  std::vector<double> an_step;
-  const std::vector<SweepRow> ranked = final_ranking(o, spec.rank_by, &an_step);
-  std::string rcsv = "rank,analytic_step_time_s," + sweep_csv_header();
-  for (size_t i = 0; i < ranked.size(); ++i)
-    rcsv += std::to_string(i + 1) + "," + csv_number(an_step[i]) + "," + sweep_csv_line(ranked[i]);
-  write_file_atomic(dir + "/ranked.csv", rcsv);
+std::vector<SweepRow> final_ranking(const Outcome& o, RankBy by, std::vector<double>* analytic_step) {
+  const std::vector<const SweepRow*> p = ranked_rows(o, by, analytic_step);
+  std::vector<SweepRow> out;
+  out.reserve(p.size());
+  for (const SweepRow* r : p) out.push_back(*r);
+  return out;
+}
 
+namespace {
+
+/// sweep.json: what the nlohmann document {title, spec, fingerprint, rank_by, points,
+/// counts, clusters, best, ranked, rows} dumped with indent 1 writes, streamed (keys in
+/// nlohmann's order, sorted; row objects by append_row_json).
+std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& all,
+                       const std::vector<const SweepRow*>& ranked) {
   int64_t ok = 0, invalid = 0, oom = 0;
   for (const auto& r : o.analytic) {
     if (r.status == "ok") ++ok;
     else if (r.status == "oom") ++oom;
     else ++invalid;
   }
-  nlohmann::json j;
-  j["title"] = spec.title;
-  j["spec"] = spec.source;
-  j["fingerprint"] = spec.fingerprint;
-  j["rank_by"] = to_string(spec.rank_by);
-  j["points"] = static_cast<int64_t>(o.analytic.size());
-  j["counts"] = {{"ok", ok}, {"invalid", invalid}, {"oom", oom}, {"refined", static_cast<int64_t>(o.simgrid.size())}};
-  nlohmann::json clusters = nlohmann::json::array();
-  for (const auto& c : spec.clusters)
-    clusters.push_back({{"label", c.label},
-                        {"gpu", c.base.cluster.gpu.name},
-                        {"nodes", c.base.cluster.nodes},
-                        {"gpus", c.base.cluster.gpus()},
-                        {"price_per_gpu_hour", c.price_per_gpu_hour}});
-  j["clusters"] = clusters;
-  if (!ranked.empty()) j["best"] = to_json(ranked.front());
-  nlohmann::json top = nlohmann::json::array();
-  for (size_t i = 0; i < ranked.size() && i < 100; ++i) top.push_back(to_json(ranked[i]));
-  j["ranked"] = top;
-  nlohmann::json rows = nlohmann::json::array();
-  for (const SweepRow* r : all) rows.push_back(to_json(*r));
-  j["rows"] = rows;
-  write_file_atomic(dir + "/sweep.json", j.dump(1) + "\n");
+  std::string s;
+  s.reserve(1024 + (all.size() + std::min<size_t>(ranked.size(), 100) + 1) * 1200);
+  auto key = [&](int indent, const char* k) {
+    s.append(static_cast<size_t>(indent), ' ');
+    s += '"';
+    s += k;
+    s += "\": ";
+  };
+  auto integer = [&](int64_t v) { s += std::to_string(v); };
+  // Arrays of rows at depth 1: elements at indent 2.
+  auto rows_array = [&](size_t n, auto&& row_at) {
+    if (n == 0) {
+      s += "[]";
+      return;
+    }
+    s += "[\n";
+    for (size_t i = 0; i < n; ++i) {
+      s += "  ";
+      append_row_json(s, row_at(i), 2);
+      s += i + 1 < n ? ",\n" : "\n";
+    }
+    s += " ]";
+  };
+  s += "{\n";
+  if (!ranked.empty()) {
+    key(1, "best");
+    append_row_json(s, *ranked.front(), 1);
+    s += ",\n";
+  }
+  key(1, "clusters");
+  if (spec.clusters.empty()) {
+    s += "[]";
+  } else {
+    s += "[\n";
+    for (size_t i = 0; i < spec.clusters.size(); ++i) {
+      const ClusterCase& c = spec.clusters[i];
+      s += "  {\n";
+      key(3, "gpu");
+      append_json_string(s, c.base.cluster.gpu.name);
+      s += ",\n";
+      key(3, "gpus");
+      integer(c.base.cluster.gpus());
+      s += ",\n";
+      key(3, "label");
+      append_json_string(s, c.label);
+      s += ",\n";
+      key(3, "nodes");
+      integer(c.base.cluster.nodes);
+      s += ",\n";
+      key(3, "price_per_gpu_hour");
+      append_json_double(s, c.price_per_gpu_hour);
+      s += "\n  }";
+      s += i + 1 < spec.clusters.size() ? ",\n" : "\n";
+    }
+    s += " ]";
+  }
+  s += ",\n";
+  key(1, "counts");
+  s += "{\n";
+  key(2, "invalid");
+  integer(invalid);
+  s += ",\n";
+  key(2, "ok");
+  integer(ok);
+  s += ",\n";
+  key(2, "oom");
+  integer(oom);
+  s += ",\n";
+  key(2, "refined");
+  integer(static_cast<int64_t>(o.simgrid.size()));
+  s += "\n },\n";
+  key(1, "fingerprint");
+  append_json_string(s, spec.fingerprint);
+  s += ",\n";
+  key(1, "points");
+  integer(static_cast<int64_t>(o.analytic.size()));
+  s += ",\n";
+  key(1, "rank_by");
+  append_json_string(s, to_string(spec.rank_by));
+  s += ",\n";
+  key(1, "ranked");
+  rows_array(std::min<size_t>(ranked.size(), 100), [&](size_t i) -> const SweepRow& { return *ranked[i]; });
+  s += ",\n";
+  key(1, "rows");
+  rows_array(all.size(), [&](size_t i) -> const SweepRow& { return *all[i]; });
+  s += ",\n";
+  key(1, "spec");
+  append_json_string(s, spec.source);
+  s += ",\n";
+  key(1, "title");
+  append_json_string(s, spec.title);
+  s += "\n}\n";
+  return s;
+}
 
-  const ReportData rep = sweep_report(spec, o);
+}  // namespace
+
+void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& dir) {
+  // The results.csv line of a row of `o`: the one run_sweep formatted, or a new one.
+  const bool an_cached = o.analytic_csv.size() == o.analytic.size();
+  const bool sg_cached = o.simgrid_csv.size() == o.simgrid.size();
+  auto append_line = [&](std::string& out, const SweepRow* r) {
+    const std::string* line = nullptr;
+    if (an_cached && !o.analytic.empty() && r >= o.analytic.data() && r < o.analytic.data() + o.analytic.size())
+      line = &o.analytic_csv[static_cast<size_t>(r - o.analytic.data())];
+    else if (sg_cached && !o.simgrid.empty() && r >= o.simgrid.data() && r < o.simgrid.data() + o.simgrid.size())
+      line = &o.simgrid_csv[static_cast<size_t>(r - o.simgrid.data())];
+    if (line && !line->empty()) out += *line;
+    else append_csv_line(out, *r);
+  };
+
+  // results.csv: every row, by id, analytic before simgrid.
+  std::vector<const SweepRow*> all;
+  all.reserve(o.analytic.size() + o.simgrid.size());
+  for (const auto& r : o.analytic) all.push_back(&r);
+  for (const auto& r : o.simgrid) all.push_back(&r);
+  std::stable_sort(all.begin(), all.end(), [](const SweepRow* a, const SweepRow* b) {
+    if (a->id != b->id) return a->id < b->id;
+    return a->engine == "analytic" && b->engine != "analytic";
+  });
+  std::vector<double> an_step;
+  const std::vector<const SweepRow*> ranked = ranked_rows(o, spec.rank_by, &an_step);
+
+  // sweep.json, the largest output, is formatted and written by a second thread meanwhile
+  // (joined before this function returns or throws: run_sweep forks SimGrid children only
+  // while this process has one thread, sim/child_process.hpp).
+  std::exception_ptr json_error;
+  std::thread json_writer([&] {
+    try {
+      write_file_atomic(dir + "/sweep.json", sweep_json(spec, o, all, ranked));
+    } catch (...) {
+      json_error = std::current_exception();
+    }
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{json_writer};
+
+  {
+    std::string csv = sweep_csv_header();
+    csv.reserve(csv.size() + all.size() * 400);
+    for (const SweepRow* r : all) append_line(csv, r);
+    write_file_atomic(dir + "/results.csv", csv);
+  }
+
+  {
+    std::string rcsv = "rank,analytic_step_time_s," + sweep_csv_header();
+    rcsv.reserve(rcsv.size() + ranked.size() * 420);
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      rcsv += std::to_string(i + 1);
+      rcsv += ',';
+      append_csv_number(rcsv, an_step[i]);
+      rcsv += ',';
+      append_line(rcsv, ranked[i]);
+    }
+    write_file_atomic(dir + "/ranked.csv", rcsv);
+  }
+
+  const ReportData rep = sweep_report(spec, o, ranked, an_step);
   write_file_atomic(dir + "/report.html", render_html(rep));
   write_file_atomic(dir + "/report.md", render_markdown(rep));
+  json_writer.join();
+  if (json_error) std::rethrow_exception(json_error);
 }
 
 // ---------------------------------------------------------------------------- merge --

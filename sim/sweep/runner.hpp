@@ -1,8 +1,11 @@
 #pragma once
-// Running a sweep: analytic pass over every point of the shard, then the SimGrid engine on
-// the best `refine_top` valid points, `jobs` at a time, each in its own child process
+// Running a sweep: analytic pass over every point of the shard (this thread and, for more
+// than one block of 256 points on a machine with several CPUs, one helper thread with its
+// own Evaluator, joined before anything forks), then the SimGrid engine on the best
+// `refine_top` valid points, `jobs` at a time, each in its own child process
 // (simulate_step_isolated: one SimGrid engine per process). Rows go to the journal as they
-// arrive (sim/sweep/journal.hpp); the final, sorted outputs are written at the end:
+// arrive, in id order (sim/sweep/journal.hpp); the final, sorted outputs are written at the
+// end, each formatted directly (sim/sweep/row_format.hpp; no JSON document is built):
 //   OUT/results.csv   every row (analytic, then simgrid for refined points), sorted by id
 //   OUT/ranked.csv    valid points best first: refined ones by their SimGrid figures, then
 //                     the rest by their analytic figures; column analytic_step_time_s added
@@ -39,6 +42,10 @@ struct Outcome {
   std::shared_ptr<DirLock> lock;
   std::vector<SweepRow> analytic;  // one per point of the shard, by id
   std::vector<SweepRow> simgrid;   // refined points, by id
+  /// The results.csv line of each row (sweep_csv_line), as run_sweep formatted it for the
+  /// journal's mirror, so that write_outputs does not format it again: empty, or one per row
+  /// of `analytic` / `simgrid` (an empty string: not formatted).
+  std::vector<std::string> analytic_csv, simgrid_csv;
   int64_t points = 0;              // points of the shard
   int64_t resumed_rows = 0;        // rows found in the journal
   double wall_s = 0;

@@ -9,7 +9,13 @@
 //     (experiments/sweeps/deepseek-v3-2048-h100.yaml) at >= 50,000 layouts/s in the analytic
 //     engine (BM_AnalyticEstimateDeepSeekV3 on its valid layouts, BM_AnalyticSweepRowDeepSeekV3
 //     on every point, invalid ones included).
-// Run: build/tests/dtsim_benchmarks --benchmark_filter=Analytic|Sweep
+//   - the output path (issue: sweep output at engine speed): an analytic-only sweep of that
+//     file, journal and every final output included, in under 0.1 s (BM_AnalyticOnlySweep70B:
+//     run_sweep with refine_top 0 + write_outputs into a fresh directory, as
+//     `dtsim sweep ... --refine-top 0 -q` without the process start; BM_SweepWriteOutputs70B:
+//     write_outputs alone, results.csv, ranked.csv, sweep.json, report.html and report.md
+//     from the finished outcome).
+// Run: build/tests/dtsim_bench_sweep --benchmark_filter=Analytic|Sweep
 #include <benchmark/benchmark.h>
 #include <stdlib.h>
 
@@ -107,6 +113,54 @@ void BM_Sweep70B1024(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Sweep70B1024)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+std::string temp_dir(benchmark::State& state) {
+  std::string tmpl = (fs::temp_directory_path() / "dtsim-bench-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) state.SkipWithError("mkdtemp failed");
+  return tmpl;
+}
+
+void BM_AnalyticOnlySweep70B(benchmark::State& state) {
+  const Fixture& f = fixture();
+  for (auto _ : state) {
+    state.PauseTiming();
+    const std::string dir = temp_dir(state);
+    state.ResumeTiming();
+    sweep::RunOptions o;
+    o.out_dir = dir;
+    o.progress = false;
+    o.refine_top = 0;
+    const sweep::Outcome out = sweep::run_sweep(f.spec, o);
+    sweep::write_outputs(f.spec, out, dir);
+    state.PauseTiming();
+    state.counters["layouts"] = static_cast<double>(out.analytic.size());
+    fs::remove_all(dir);
+    state.ResumeTiming();
+  }
+}
+BENCHMARK(BM_AnalyticOnlySweep70B)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_SweepWriteOutputs70B(benchmark::State& state) {
+  const Fixture& f = fixture();
+  const std::string run_dir = temp_dir(state);
+  sweep::RunOptions o;
+  o.out_dir = run_dir;
+  o.progress = false;
+  o.refine_top = 0;
+  const sweep::Outcome out = sweep::run_sweep(f.spec, o);
+  for (auto _ : state) {
+    state.PauseTiming();
+    const std::string dir = temp_dir(state);
+    state.ResumeTiming();
+    sweep::write_outputs(f.spec, out, dir);
+    state.PauseTiming();
+    fs::remove_all(dir);
+    state.ResumeTiming();
+  }
+  state.counters["rows"] = static_cast<double>(out.analytic.size() + out.simgrid.size());
+  fs::remove_all(run_dir);
+}
+BENCHMARK(BM_SweepWriteOutputs70B)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
