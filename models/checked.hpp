@@ -102,16 +102,18 @@ inline constexpr const char* kMaxPlanOpsWhy =
 /// Operations the SimGrid engine simulates in one step: the plan's operations (all stages)
 /// times the ranks simulated per stage (1 folded; dp x tp x cp with --no-fold, each rank
 /// running its stage's plan). Measured with --no-fold on a 2-core machine (README "Every
-/// rank"), a rank-operation costs 0.3 us at 1,024 simulated ranks, 0.9 us at 16,384 and
-/// 1.4 us at 32,768, so 2^31 of them take from 10 minutes to an hour.
+/// rank"), a rank-operation costs 0.16 us at 1,024 simulated ranks, 0.55 us at 16,384 and
+/// about 1.4 us at 32,768, so 2^31 of them take from 6 minutes to an hour.
 inline constexpr int64_t kMaxSimulatedOps = int64_t{1} << 31;  // 2,147,483,648
 inline constexpr const char* kMaxSimulatedOpsWhy =
-    "each is simulated one by one at 0.3-1.4 us on a 2-core machine: 2^31 take 10 minutes to an hour";
+    "each is simulated one by one at 0.16-1.4 us on a 2-core machine: 2^31 take 6 minutes to an hour";
 
 /// Ranks the SimGrid engine simulates at once (--no-fold: every GPU). The cost of each
 /// simulated operation grows with the rank count (SimGrid's actors and activities outgrow
 /// the processor caches: 0.3 us per rank-operation at 1,024 ranks, 1.4 us at 32,768), so that
-/// a 65,536-rank step of even two micro-batches takes several minutes on a 2-core machine.
+/// a 65,536-rank step of even two micro-batches takes several minutes on a 2-core machine
+/// (measured before the mailbox flows of sim/platform.hpp start_flow_proxy: 0.3 us per
+/// rank-operation at 1,024 ranks).
 inline constexpr int64_t kMaxSimulatedRanks = int64_t{1} << 16;  // 65,536
 inline constexpr const char* kMaxSimulatedRanksWhy =
     "the cost of every simulated operation grows with the number of ranks (0.3 us at 1,024, 1.4 us at 32,768 "

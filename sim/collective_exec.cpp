@@ -1,6 +1,7 @@
 #include "sim/collective_exec.hpp"
 
 #include <simgrid/s4u.hpp>
+#include <simgrid/simix.hpp>
 
 #include <algorithm>
 #include <tuple>
@@ -113,12 +114,48 @@ void launch_fold_siblings(const Platform& p, const FoldPolicy& fold, int64_t src
   }
 }
 
+namespace {
+
+/// The launching actor's private flow mailbox, its permanent receiver set once.
+sg4::Mailbox* flow_mailbox(const Platform& p) {
+  const long pid = sg4::this_actor::get_pid();
+  sg4::Mailbox* mb = sg4::Mailbox::by_name("flows." + std::to_string(pid));
+  if (p.flow_mailboxes.insert(pid).second) mb->set_receiver(p.flow_proxy);
+  return mb;
+}
+
+const char kFlowPayload = 0;
+
+/// Starts one flow of `bytes` from GPU host `src` to `dst` as a comm of the calling actor
+/// (start_flow_proxy): within one simcall the actor stands on `src` and the proxy on `dst` while
+/// the comm starts (a started comm keeps its hosts), then the actor is back home. One simcall
+/// per flow keeps the order in which flows start, hence the network model's sharing, as
+/// Comm::sendto_async's.
+sg4::CommPtr launch_flow(const Platform& p, sg4::Mailbox* mb, sg4::Host* src, sg4::Host* dst, uint64_t bytes) {
+  if (!p.flow_proxy) return sg4::Comm::sendto_async(src, dst, bytes);
+  sg4::CommPtr c = mb->put_init(const_cast<char*>(&kFlowPayload), bytes);
+  sg4::Actor* self = sg4::Actor::self();
+  sg4::Actor* proxy = p.flow_proxy.get();
+  sg4::Comm* comm = c.get();
+  simgrid::kernel::actor::simcall_answered([self, proxy, comm, src, dst] {
+    sg4::Host* home = self->get_host();
+    self->set_host(src);
+    proxy->set_host(dst);
+    comm->start();
+    self->set_host(home);
+  });
+  return c;
+}
+
+}  // namespace
+
 void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::GroupLayout& g,
                  const collectives::TrafficPlan& plan) {
   const bool siblings = fold.fold && p.topology && p.topology->has_switch_uplinks();
   std::vector<int64_t> offsets;
   bool offsets_done = false;
   std::vector<sg4::CommPtr> comms;
+  sg4::Mailbox* mb = nullptr;  // flow_mailbox, on the first flow
   std::unordered_map<int64_t, Seat> seat;
   for (const collectives::Phase& ph : plan.phases) {
     comms.clear();
@@ -131,8 +168,9 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
     }
     auto launch = [&](int64_t src, int64_t dst, double bytes) {
       if (bytes <= 0) return;
-      comms.push_back(sg4::Comm::sendto_async(p.hosts[static_cast<size_t>(src)], p.hosts[static_cast<size_t>(dst)],
-                                              static_cast<uint64_t>(std::max(1.0, bytes + 0.5))));
+      if (!mb && p.flow_proxy) mb = flow_mailbox(p);
+      comms.push_back(launch_flow(p, mb, p.hosts[static_cast<size_t>(src)], p.hosts[static_cast<size_t>(dst)],
+                                  static_cast<uint64_t>(std::max(1.0, bytes + 0.5))));
     };
     // Folded, plane 0 of a complete exchange over N > 2 nodes runs as N flows, node a to node
     // a + 1, each with the N - 1 chunks node a sends: every NIC's egress and ingress carry the
@@ -166,7 +204,10 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
     }
     const double local = std::max(ph.intra_s, ph.floor_s);
     if (local > 0) sg4::this_actor::sleep_for(local);
-    if (!comms.empty()) sg4::Comm::wait_all(comms);
+    if (!comms.empty()) {
+      sg4::Comm::wait_all(comms);
+      if (mb) mb->clear();  // the permanent receiver's queue holds the finished comms
+    }
     if (ph.latency_s > 0) sg4::this_actor::sleep_for(ph.latency_s);
   }
 }

@@ -95,6 +95,11 @@ const std::vector<std::pair<std::string, std::string>>& context_flags() {
   return flags;
 }
 
+void start_flow_proxy(Platform& p) {
+  p.flow_proxy = sg4::Actor::create("flow-proxy", p.hosts.front(), [] { sg4::Semaphore::create(0)->acquire(); });
+  p.flow_proxy->daemonize();
+}
+
 Platform build_platform(const ClusterSpec& c) {
   // The collective override is checked here, before any actor runs (the parser checks it
   // too; this covers clusters built in code).

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -56,10 +57,25 @@ struct Platform {
   std::shared_ptr<const Topology> topology;  // the graph routes come from
   collectives::CommModel model;              // link figures of the collective cost models
   CollectiveChoice collectives;              // cluster.collectives (algorithm/protocol override)
+  /// The idle actor that stands as the receiver of every collective flow (start_flow_proxy,
+  /// sim/collective_exec.cpp); null: flows start as detached host-to-host comms.
+  simgrid::s4u::ActorPtr flow_proxy;
+  /// Actors whose flow mailbox has the proxy as permanent receiver already.
+  mutable std::unordered_set<long> flow_mailboxes;
   bool same_node(int64_t a, int64_t b) const { return a / gpus_per_node == b / gpus_per_node; }
   /// Per-step latency (alpha) of a transfer between two GPUs, seconds.
   double alpha(bool intra_node) const { return intra_node ? nvlink.latency : std::max(nvlink.latency, nic.latency); }
 };
+
+/// Starts `p.flow_proxy` (call once per engine, after build_platform, before it runs): a daemon
+/// that only waits. Collective flows are then put on a mailbox of the launching actor whose
+/// permanent receiver it is, moved for each flow onto the flow's hosts
+/// (sim/collective_exec.cpp launch_flow): SimGrid 3.32 keeps detached comms
+/// (Comm::sendto_async) in one global list and removes each finished one by a linear scan
+/// (src/kernel/activity/CommImpl.cpp CommImpl::finish, maestro's activities_.remove, at tag
+/// v3.32), O(flows in flight in the whole simulation) per completion; a mailbox comm is in
+/// its launcher's list only, O(that collective's flows). Same transfers, same times (tested).
+void start_flow_proxy(Platform& p);
 
 /// Builds the cluster's hosts and links in the current SimGrid engine (call once, after
 /// the engine is created and before it runs). Throws InputError when the fabric does not

@@ -790,6 +790,7 @@ StepResult Simulation::run() {
   res.engine_config["link_latency_s"] = "1e-09";
   simgrid_engine::prepare_actor_stacks();
   platform_ = build_platform(plan_.exp.cluster);
+  simgrid_engine::start_flow_proxy(platform_);
   fold_.fold = opts_.fold;
   overlap_speed_ = comm_overlap_speed(plan_.exp.cluster.gpu, plan_.exp.training.comm_interference);
   res.engine_config["comm_overlap_compute_speed"] = fmt_number(overlap_speed_);

@@ -60,7 +60,8 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
     for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
   simgrid_engine::prepare_actor_stacks();
-  const simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
+  simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
+  simgrid_engine::start_flow_proxy(p);
   const simgrid_engine::FoldPolicy fp{fold, sample_planes};
 
   std::map<int, std::vector<size_t>> batches;
