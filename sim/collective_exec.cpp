@@ -126,6 +126,13 @@ sg4::Mailbox* flow_mailbox(const Platform& p) {
 
 const char kFlowPayload = 0;
 
+/// The closed-form delays of a phase, in the order they run after its flows are started: the
+/// intra-node part (alongside the flows), then the latency terms (after them). Used by
+/// run_traffic and closed_form_steps alike.
+std::pair<double, double> phase_delays(const collectives::Phase& ph) {
+  return {std::max(ph.intra_s, ph.floor_s), ph.latency_s};
+}
+
 /// Starts one flow of `bytes` from GPU host `src` to `dst` as a comm of the calling actor
 /// (start_flow_proxy): within one simcall the actor stands on `src` and the proxy on `dst` while
 /// the comm starts (a started comm keeps its hosts), then the actor is back home. One simcall
@@ -202,13 +209,13 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
         for (int64_t o : offsets) launch(f.src + o, f.dst + o, f.bytes);
       }
     }
-    const double local = std::max(ph.intra_s, ph.floor_s);
+    const auto [local, latency] = phase_delays(ph);
     if (local > 0) sg4::this_actor::sleep_for(local);
     if (!comms.empty()) {
       sg4::Comm::wait_all(comms);
       if (mb) mb->clear();  // the permanent receiver's queue holds the finished comms
     }
-    if (ph.latency_s > 0) sg4::this_actor::sleep_for(ph.latency_s);
+    if (latency > 0) sg4::this_actor::sleep_for(latency);
   }
 }
 
@@ -226,10 +233,9 @@ bool closed_form_steps(const Platform& p, const std::vector<int64_t>& members, c
   const collectives::TrafficPlan plan = c.algorithm->plan(op, g, p.model, size_bytes, c.protocol);
   for (const collectives::Phase& ph : plan.phases) {
     if (!ph.flows.empty()) return false;
-    // As run_traffic: the local part, then the latency terms.
-    const double local = std::max(ph.intra_s, ph.floor_s);
+    const auto [local, latency] = phase_delays(ph);  // as run_traffic sleeps them
     if (local > 0) steps.push_back(local);
-    if (ph.latency_s > 0) steps.push_back(ph.latency_s);
+    if (latency > 0) steps.push_back(latency);
   }
   return true;
 }
