@@ -125,14 +125,19 @@ struct Reader {
       ++j;
     return j;
   }
-  bool i64(int64_t& v) {
-    ws();
+  /// A JSON number at the cursor, parsed whole by std::from_chars.
+  template <class T>
+  bool number(T& v) {
     const size_t e = number_end();
     if (e == i) return false;
     const auto res = std::from_chars(s.data() + i, s.data() + e, v);
     if (res.ec != std::errc() || res.ptr != s.data() + e) return false;
     i = e;
     return true;
+  }
+  bool i64(int64_t& v) {
+    ws();
+    return number(v);
   }
   bool i32(int& v) {
     int64_t x = 0;
@@ -241,12 +246,7 @@ struct Reader {
       else return false;
       return true;
     }
-    const size_t e = number_end();
-    if (e == i) return false;
-    const auto res = std::from_chars(s.data() + i, s.data() + e, v);
-    if (res.ec != std::errc() || res.ptr != s.data() + e) return false;
-    i = e;
-    return true;
+    return number(v);
   }
   bool sched(Schedule& v) {
     std::string t;

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_fixture.hpp"
 #include "models/errors.hpp"
 #include "models/sweep_spec.hpp"
 #include "reports/csv.hpp"
@@ -32,12 +33,7 @@ namespace fs = std::filesystem;
 const fs::path kSweeps = fs::path(DTSIM_SOURCE_DIR) / "experiments" / "sweeps";
 const std::string kSmall = (kSweeps / "gpt-2.7b-32-a100.yaml").string();
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read(const fs::path& p) { return cli_test::read_file(p); }
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
