@@ -42,7 +42,8 @@
 //          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false),
 //          moe_token_dispatcher (alltoall|deepep|hybridep; alltoall), moe_deepep_num_sms (20),
 //          moe_hybridep_num_sms (24), delay_wgrad_compute (false), moe_shared_expert_overlap
-//          (false), overlap_moe_expert_parallel_comm (false; refused: not simulated),
+//          (false), overlap_moe_expert_parallel_comm (false; combined forward-backward passes,
+//          models/combined_1f1b.hpp),
 //          cuda_graphs (false|true|layers|full_iteration; false: true = layers;
 //          models/host_dispatch.hpp)
 #include "models/calibration/gemm_table.hpp"
@@ -1169,7 +1170,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   if (ok({"layout.schedule", "layout.vp", "layout.pp", "layout.dp", "training.global_batch", "training.micro_batch"}) &&
       l.pp > 0 && l.vp > 0 && t.micro_batch > 0 && l.dp > 0 && t.global_batch % (t.micro_batch * l.dp) == 0)
     for (const std::string& problem :
-         sched::schedule_of(l.schedule).check(sched::dims_of(l, t.global_batch / (t.micro_batch * l.dp))))
+         sched::schedule_of(l.schedule).check(sched::dims_of(l, t, t.global_batch / (t.micro_batch * l.dp))))
       p.add(problem);
   // A split backward with ZeRO-3: the layer's parameters are gathered for B and freed, and a
   // deferred W would need them gathered again and its gradient reduce-scattered on its own;

@@ -166,7 +166,8 @@ double interleaved_activation_factor(int64_t pp, int64_t virtual_stages) {
   return 1.0 + d(pp - 1) / (d(pp) * d(virtual_stages));
 }
 
-PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation) {
+PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation,
+                                   bool combined_1f1b) {
   const int64_t p = l.pp, m = accumulation;
   if (p < 1 || stage < 0 || stage >= p)
     throw InputError("pipeline stage " + std::to_string(stage) + " is outside [0, pp=" + std::to_string(p) + ")");
@@ -188,7 +189,8 @@ PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stag
   }
   PipelineInflight out;
   out.chunk_layers = *std::max_element(chunk_layers.begin(), chunk_layers.end());
-  switch (l.schedule) {
+  // The combined 1F1B walks its order below (one more warm-up forward).
+  if (!combined_1f1b) switch (l.schedule) {
     case Schedule::gpipe:
       out.warmup = m;
       out.chunks = m;
@@ -221,7 +223,7 @@ PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stag
   // a micro-batch are held from its F to its BW, or to its W when the backward is split
   // (sched::OrderStats); the peak is the most layer activations held at once.
   const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
-  const sched::Dims dims = sched::dims_of(l, m);
+  const sched::Dims dims{l.pp, l.vp, m, combined_1f1b};
   const auto order = sch.order(dims)[static_cast<size_t>(stage)];
   std::vector<int64_t> layers_of;
   for (int64_t c = 0; c < sch.chunks(dims); ++c)
@@ -275,7 +277,8 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   const bool sp = l.sequence_parallel;
 
   ActivationBreakdown out;
-  const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, accumulation);
+  const PipelineInflight pin =
+      pipeline_inflight(l, m.layers, stage, accumulation, e.training.overlap_moe_expert_parallel_comm);
   out.inflight = pin.chunks;
   out.chunk_layers = pin.chunk_layers;
   out.held_layers = pin.held_layers;

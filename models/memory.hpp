@@ -156,6 +156,9 @@ double interleaved_activation_factor(int64_t pp, int64_t virtual_stages);
 ///  micro-batches per chunk: forward k runs chunk (k mod p v) / p.
 ///  held_layers: the sum of the held chunks' own layer counts (models/pipeline_split.hpp;
 ///  chunks x chunk_layers when the rank's chunks are even, as without the split options).
+///  combined_1f1b (training.overlap_moe_expert_parallel_comm) and every other schedule: the
+///  rank's own order walked (models/schedules/; the combined 1F1B's extra warm-up forward
+///  holds one more chunk, Step::paired).
 struct PipelineInflight {
   int64_t warmup = 0;                    // forwards before the first backward
   int64_t chunks = 0;                    // chunks whose activations are held at the peak
@@ -169,7 +172,8 @@ struct PipelineInflight {
 /// Throws InputError for stage outside [0, pp), accumulation < 1, vp < 1, or a split that
 /// pipeline_split refuses (by default: layers < pp, or interleaving with p v not dividing
 /// `layers`).
-PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation);
+PipelineInflight pipeline_inflight(const Layout& l, int64_t layers, int64_t stage, int64_t accumulation,
+                                   bool combined_1f1b);
 
 /// Activations of one rank of a stage at its peak, bytes.
 struct ActivationBreakdown {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "models/rank_grid.hpp"
+#include "models/schedules/schedule.hpp"
 
 namespace dtsim {
 
@@ -63,9 +64,33 @@ void check_moe(const Experiment& e, ProblemList& p) {
       p.add(std::string("training.") + key + "=" + s(n) + " must be at least 1 and fewer than the GPU's " +
             (sms > 0 ? s(sms) : std::string("SMs")) + " SMs (cluster.gpu.sm_count)");
   }
-  if (e.training.overlap_moe_expert_parallel_comm)
-    p.add("training.overlap_moe_expert_parallel_comm: the overlap of two micro-batches' AllToAll with each other's "
-          "compute is not simulated yet (set false)");
+  if (e.training.overlap_moe_expert_parallel_comm && x.enabled()) {
+    // Megatron-Core's own constraints (transformer_config.py __post_init__, @d98e8a64), and
+    // the ones of dtsim's combined pass (models/combined_1f1b.hpp, models/plan.cpp).
+    const std::string key = "training.overlap_moe_expert_parallel_comm";
+    if (l.ep < 2)
+      p.add(key + " needs layout.ep > 1 (got " + s(l.ep) +
+            "): it overlaps the EP AllToAll of one micro-batch with another's compute (Megatron-Core: "
+            "'only supported with expert model parallelism')");
+    if (l.recompute == Recompute::full)
+      p.add(key + " with layout.recompute=full: Megatron-Core requires full recomputation off ('disable full "
+            "recomputation when enabling overlap_moe_expert_parallel_comm'); use selective or none");
+    if (e.training.moe_shared_expert_overlap)
+      p.add(key + " with training.moe_shared_expert_overlap: Megatron-Core refuses both ('disable "
+            "moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm')");
+    if (e.training.cuda_graphs != CudaGraphs::none)
+      p.add(key + std::string(" with training.cuda_graphs=") + to_string(e.training.cuda_graphs) +
+            ": the combined pass splits every layer between two micro-batches, so dtsim's whole-layer graphs cannot "
+            "capture it (Megatron-Core refuses graphs of the moe and mlp scopes with it); set cuda_graphs false");
+    if (l.zero_stage == 3)
+      p.add(key + " with layout.zero_stage=3: the combined pass with per-layer parameter gathers in both halves is "
+            "not simulated; use zero_stage 0-2");
+    const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+    if (!sch.pairs_forward_backward())
+      p.add(key + " with layout.schedule=" + sch.name() +
+            ": only 1f1b (pp=1), interleaved, dualpipe and dualpipev run combined forward-backward passes "
+            "(Megatron-Core's combined 1F1B; DualPipe's overlapped forward-backward chunks)");
+  }
   if (const std::string why = expert_layout_problem(l, x.num_experts); !why.empty()) p.add(why);
   if (!x.enabled()) {
     if (x.num_experts < 0) p.add("model.moe.num_experts=" + s(x.num_experts) + " must be positive");

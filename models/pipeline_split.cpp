@@ -320,10 +320,10 @@ int64_t virtual_stage_of(const Layout& l, int64_t rank, int64_t chunk) {
   if (chunk < 0 || chunk >= chunks_of(l))
     throw InputError("model chunk " + s(chunk) + " is outside [0, " + s(chunks_of(l)) + ") of layout.schedule=" +
                      to_string(l.schedule));
-  return sched::schedule_of(l.schedule).virtual_stage(sched::dims_of(l, 1), rank, chunk);
+  return sched::schedule_of(l.schedule).virtual_stage(sched::Dims{l.pp, l.vp, 1}, rank, chunk);
 }
 
-int64_t chunks_of(const Layout& l) { return sched::schedule_of(l.schedule).chunks(sched::dims_of(l, 1)); }
+int64_t chunks_of(const Layout& l) { return sched::schedule_of(l.schedule).chunks(sched::Dims{l.pp, l.vp, 1}); }
 
 VirtualStage virtual_stage(int64_t layers, const Layout& l, int64_t k) {
   check_counts(layers, l);

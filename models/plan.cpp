@@ -9,6 +9,7 @@
 #include <set>
 
 #include "models/checked.hpp"
+#include "models/combined_1f1b.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
@@ -452,6 +453,79 @@ class Builder {
     p2p_with(OpType::send, Direction::backward, mb, c, sched_->prev(dims_, sp_.stage, c, mb));
   }
 
+  /// A combined forward-backward pass (sched::Step::paired): the forward of chunk `cf` for
+  /// micro-batch `mf` beside the fused backward of chunk `cb` for `mb`, as Megatron-Core's
+  /// TransformerModelChunkSchedulePlan.run (models/common/model_chunk_schedule_plan.py):
+  /// both receives first; the backward's head; forward layer i merged with backward layer
+  /// n - 1 - i (models/combined_1f1b.hpp) while both have layers, then the rest of either
+  /// alone; the sends; the forward's head and the backward's embedding last.
+  /// (training.overlap_moe_expert_parallel_comm refuses ZeRO-3, full recomputation and CUDA
+  /// graphs, models/moe_checks.cpp, so no per-layer gathers or graphs are cut here.)
+  void chunk_forward_backward(int cf, int mf, int cb, int mb) {
+    const Chunk fch = chunk(cf), bch = chunk(cb);
+    const bool sync = reduce_now(cb, mb);
+    cur_chunk_ = cf;
+    p2p_with(OpType::recv, Direction::forward, mf, cf, sched_->prev(dims_, sp_.stage, cf, mf));
+    if (fch.first) embedding_forward(mf);
+    if (aligned_param_gather()) wait_chunk_param_gather(cf, mf);
+    cur_chunk_ = cb;
+    p2p_with(OpType::recv, Direction::backward, mb, cb, sched_->next(dims_, sp_.stage, cb, mb));
+    if (bch.last) {
+      head_backward(mb);
+      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
+    }
+    // Emits what `emit` appends for chunk `c`, cut out of the stage's ops.
+    auto take = [&](int c, auto emit) {
+      cur_chunk_ = c;
+      const size_t from = sp_.ops.size();
+      emit();
+      std::vector<Op> ops(sp_.ops.begin() + static_cast<std::ptrdiff_t>(from), sp_.ops.end());
+      sp_.ops.resize(from);
+      return ops;
+    };
+    auto forward_layer = [&](int layer) {
+      cur_chunk_ = cf;
+      const int h = first_use_gather(layer, mf, Phase::forward);  // only a layer's first forward gathers
+      wait_gather(h, layer, mf, Phase::forward);
+      layer_forward(layer, mf, Phase::forward);
+    };
+    auto backward_layer = [&](int layer) {
+      cur_chunk_ = cb;
+      if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+      layer_backward(layer, mb, BackwardPart::full);
+      layer_grads_ready(layer, mb, sync);
+    };
+    const int64_t both = std::min(fch.layers, bch.layers);
+    for (int64_t i = 0; i < both; ++i) {
+      const int fl = static_cast<int>(fch.first_layer + i);
+      const int bl = static_cast<int>(bch.first_layer + bch.layers - 1 - i);
+      const std::vector<Op> fwd = take(cf, [&] { forward_layer(fl); });
+      const std::vector<Op> rec = take(cb, [&] {
+        if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, bl, mb);
+      });
+      const std::vector<Op> bwd = take(cb, [&] { layer_backward(bl, mb, BackwardPart::full); });
+      merge_forward_backward(sp_.ops, fwd, rec, bwd, sp_.handles);
+      cur_chunk_ = cb;
+      layer_grads_ready(bl, mb, sync);
+    }
+    for (int64_t i = bch.layers - 1 - both; i >= 0; --i) backward_layer(static_cast<int>(bch.first_layer + i));
+    for (int64_t i = both; i < fch.layers; ++i) forward_layer(static_cast<int>(fch.first_layer + i));
+    cur_chunk_ = cf;
+    p2p_with(OpType::send, Direction::forward, mf, cf, sched_->next(dims_, sp_.stage, cf, mf));
+    cur_chunk_ = cb;
+    p2p_with(OpType::send, Direction::backward, mb, cb, sched_->prev(dims_, sp_.stage, cb, mb));
+    if (fch.last) {
+      cur_chunk_ = cf;
+      head_forward(mf);
+    }
+    cur_chunk_ = cb;
+    if (bch.first) {
+      embedding_backward(mb);
+      edge_grads_ready(embedding_params_rank(), mb, sync, /*first=*/true);
+    }
+    chunk_gradients_done(mb, sync);
+  }
+
   /// The deferred weight-gradient part W of chunk `c` for micro-batch `mb` (Qi et al. 2024
   /// Sec 2): the weight-gradient GEMMs in the backward's order, then the DP bookkeeping
   /// that a fused backward does. Nothing waits for it but the DP sync and the optimizer.
@@ -626,13 +700,20 @@ class Builder {
       chunk_param_gather(1, 0);
     }
     size_t k = 0;
-    for (const sched::Step& st : order) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      const sched::Step& st = order[i];
       if (aligned && st.pass == sched::Pass::F) {
         const size_t id = k++ + static_cast<size_t>(sp_.stage);
         if (id < forwards.size() && forwards[id]->mb == 0) {
           const int next_chunk = forwards[id]->chunk + 1;
           if (next_chunk > 1 && next_chunk < sched_->chunks(dims_)) chunk_param_gather(next_chunk, st.mb);
         }
+      }
+      if (st.paired) {  // F with the BW after it (sched::Step::paired)
+        const sched::Step& bw = order.at(i + 1);
+        chunk_forward_backward(st.chunk, st.mb, bw.chunk, bw.mb);
+        ++i;
+        continue;
       }
       switch (st.pass) {
         case sched::Pass::F: chunk_forward(st.chunk, st.mb); break;
@@ -748,7 +829,7 @@ class Builder {
   int64_t backwards_ = 0;   // chunk gradients completed so far (BW or W passes)
   int64_t backwards_total_ = 0;  // ... in the whole step
   const sched::PipelineSchedule* sched_ = &sched::schedule_of(e_.layout.schedule);
-  sched::Dims dims_ = sched::dims_of(e_.layout, shape_.micro_batches);
+  sched::Dims dims_ = sched::dims_of(e_.layout, e_.training, shape_.micro_batches);
   std::vector<int> last_mb_;  // per chunk: its last micro-batch of the step
   /// Which of the embedding and the loss this rank's chunks hold (models/pipeline_split.hpp;
   /// both with pp == 1, and on the first and last rank under DualPipe).
@@ -791,7 +872,7 @@ StepPlan build_step_plan(const Experiment& exp) {
           ? exp.training.grad_bucket_bytes / static_cast<double>(plan.shape.grad_bytes_per_param)
           : std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
   const sched::PipelineSchedule& schedule = sched::schedule_of(l.schedule);
-  const auto orders = schedule.order(sched::dims_of(l, plan.shape.micro_batches));
+  const auto orders = schedule.order(sched::dims_of(l, exp.training, plan.shape.micro_batches));
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan sp;
     sp.stage = s;

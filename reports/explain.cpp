@@ -279,12 +279,13 @@ std::string inflight_formula(const Layout& l, int64_t m, int64_t layers) {
 
 /// The first passes of each pipeline rank's order (models/schedules/): "F3" forward of
 /// micro-batch 3, "B3"/"W3" its input- and weight-gradient parts, "BW3" a fused backward;
-/// a trailing "'" marks chunk 1, "''" chunk 2 and so on.
-std::string schedule_order_excerpt(const Layout& l, int64_t m) {
+/// a trailing "'" marks chunk 1, "''" chunk 2 and so on; "F5+BW2" a combined forward-backward
+/// pass (sched::Step::paired).
+std::string schedule_order_excerpt(const Layout& l, const Training& t, int64_t m) {
   constexpr size_t kSteps = 14;
   constexpr int64_t kRanks = 4;
   const sched::PipelineSchedule& s = sched::schedule_of(l.schedule);
-  const auto order = s.order(sched::dims_of(l, m));
+  const auto order = s.order(sched::dims_of(l, t, m));
   std::string out;
   for (int64_t r = 0; r < l.pp; ++r) {
     if (r == kRanks && l.pp > kRanks + 1) {
@@ -294,7 +295,8 @@ std::string schedule_order_excerpt(const Layout& l, int64_t m) {
     const auto& o = order[static_cast<size_t>(r)];
     std::string line;
     for (size_t k = 0; k < std::min(kSteps, o.size()); ++k)
-      line += fmt::format("{}{}{}{}", k ? " " : "", sched::to_string(o[k].pass), o[k].mb, std::string(o[k].chunk, '\''));
+      line += fmt::format("{}{}{}{}", k ? (o[k - 1].paired ? "+" : " ") : "", sched::to_string(o[k].pass), o[k].mb,
+                          std::string(o[k].chunk, '\''));
     if (o.size() > kSteps) line += " ...";
     out += fmt::format("{}stage {}: {}", r ? "; " : "", r, line);
   }
@@ -615,7 +617,7 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
                                    "(its gradient summed between them)"
                                  : "; embedding on stage 0, LM head + loss on the last";
     holds += fmt::format("; schedule {}", to_string(l.schedule));
-    if (l.pp > 1) holds += " (order: " + schedule_order_excerpt(l, tr.accumulation(l)) + ")";
+    if (l.pp > 1) holds += " (order: " + schedule_order_excerpt(l, tr, tr.accumulation(l)) + ")";
     dim_block("PP", l.pp, "layers", holds, GroupKind::PP);
   }
   {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "models/blocks/layer.hpp"
+#include "models/combined_1f1b.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
@@ -138,6 +139,9 @@ struct AnalyticEngine::Shape {
   struct Layer {
     bool present = false;
     Seg f, b;
+    /// f and b merged as one layer of a combined forward-backward pass (models/combined_1f1b.hpp;
+    /// training.overlap_moe_expert_parallel_comm), else unset.
+    Seg fb;
     double w = 0;                 // W part of b (weight-gradient compute)
     blocks::RankParams params;    // on one rank: dense (DP x CP) and routed experts (EDP)
   };
@@ -246,11 +250,37 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
 
     Shape::Layer& ly = sh->layer[static_cast<size_t>(kind)];
     ly.present = true;
-    enum Where { EF, LF, HF, HB, LB, EB, OPT };
+    // LFB: the layer's forward merged with its backward as one layer of a combined
+    // forward-backward pass (models/combined_1f1b.hpp), appended after the proxy's own ops.
+    enum Where { EF, LF, HF, HB, LB, EB, LFB, OPT };
     Shape::Seg edge_scratch[4];
     Shape::Seg* segs[] = {edges_done ? &edge_scratch[0] : &sh->emb_f, &ly.f, edges_done ? &edge_scratch[1] : &sh->head_f,
                           edges_done ? &edge_scratch[2] : &sh->head_b, &ly.b, edges_done ? &edge_scratch[3] : &sh->emb_b,
-                          nullptr};
+                          &ly.fb, nullptr};
+    std::vector<Op> ops = st.ops;
+    std::vector<Where> where(ops.size());
+    size_t done_size = 1;  // issue handles of the ops
+    {
+      bool seen_fwd = false, seen_bwd = false;
+      std::vector<Op> lf, rec, lb;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        Where w;
+        if (op.phase == Phase::optimizer) w = OPT;
+        else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
+        else if (op.layer >= 0) w = LB, seen_bwd = true;
+        else if (!seen_fwd) w = EF;
+        else if (!seen_bwd) w = op.phase == Phase::forward ? HF : HB;
+        else w = EB;
+        where[i] = w;
+        if (w == LF) lf.push_back(op);
+        if (w == LB) (op.phase == Phase::recompute && l.recompute == Recompute::selective ? rec : lb).push_back(op);
+      }
+      int32_t handles = st.handles;
+      if (base_.training.overlap_moe_expert_parallel_comm) merge_forward_backward(ops, lf, rec, lb, handles);
+      where.resize(ops.size(), LFB);
+      done_size = static_cast<size_t>(std::max(handles, 1));
+    }
     double head_w = 0, emb_w = 0;
     // Replays one segment's ops on one rank: compute stream + one in-order stream per kind.
     struct Replay {
@@ -262,8 +292,8 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       std::vector<double> done;
       Shape::Seg seg;
     };
-    std::array<Replay, 7> rp;
-    for (auto& r : rp) r.done.assign(static_cast<size_t>(std::max(st.handles, 1)), 0.0);
+    std::array<Replay, OPT + 1> rp;
+    for (auto& r : rp) r.done.assign(done_size, 0.0);
     // Each segment is replayed twice back to back and timed on the second copy: the host
     // clock's periodic steady state, the lead the previous layer left the host (none after
     // a host_sync; models/host_dispatch.hpp). The first copy's streams are drained first,
@@ -278,16 +308,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         r.seg.host_cold = cold;
       }
     const bool timed = pass == 1;
-    bool seen_fwd = false, seen_bwd = false;
-    for (size_t i = 0; i < st.ops.size(); ++i) {
-      const Op& op = st.ops[i];
-      Where w;
-      if (op.phase == Phase::optimizer) w = OPT;
-      else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
-      else if (op.layer >= 0) w = LB, seen_bwd = true;
-      else if (!seen_fwd) w = EF;
-      else if (!seen_bwd) w = op.phase == Phase::forward ? HF : HB;
-      else w = EB;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      const Where w = where[i];
       Replay& r = rp[w];
       const int k = static_cast<int>(op.kind);
       // The host dispatches op x; the compute stream starts it no earlier (as the DES).
@@ -328,7 +351,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         }
       };
       // TP communication overlap (Op::overlap_splits, models/plan.hpp), as the DES engine.
-      const Op* next = i + 1 < st.ops.size() ? &st.ops[i + 1] : nullptr;
+      const Op* next = i + 1 < ops.size() && where[i + 1] == w ? &ops[i + 1] : nullptr;
       if (op.type == OpType::collective && op.overlap_splits > 1 && op.collective == Collective::AllGather && next &&
           next->type == OpType::compute) {
         gate(*next);
@@ -377,10 +400,10 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       // CP ring attention (a wait with Op::overlap_splits), as the DES engine.
       if (op.type == OpType::wait && op.overlap_splits > 2) {
         size_t j = i + 1;
-        if (j < st.ops.size() && st.ops[j].type == OpType::issue) gate(st.ops[j]), issue_op(st.ops[j++]);
-        if (j < st.ops.size() && st.ops[j].type == OpType::compute) {
-          gate(st.ops[j]);
-          const double blocks = op.overlap_splits - 1, g = st.ops[j].time_s;
+        if (j < ops.size() && where[j] == w && ops[j].type == OpType::issue) gate(ops[j]), issue_op(ops[j++]);
+        if (j < ops.size() && where[j] == w && ops[j].type == OpType::compute) {
+          gate(ops[j]);
+          const double blocks = op.overlap_splits - 1, g = ops[j].time_s;
           r.t = adv(g * (blocks - 1) / blocks);
           const double end = op.handle >= 0 ? r.done[static_cast<size_t>(op.handle)] : 0.0;
           if (end > r.t) r.seg.exposed[k] += end - r.t, r.t = end;
@@ -446,7 +469,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
       g.host = 0;
     };
     for (Shape::Seg* g : {&sh->emb_f, &sh->head_f, &sh->head_b, &sh->emb_b}) gpu_only(*g);
-    for (auto& ly : sh->layer) gpu_only(ly.f), gpu_only(ly.b);
+    for (auto& ly : sh->layer) gpu_only(ly.f), gpu_only(ly.b), gpu_only(ly.fb);
   }
   // Pipeline messages (Megatron scatter/gather: 1/t of the activation, plan.cpp p2p).
   const double act = 2.0 * d(mb) * d(base_.training.seq_len / l.cp) * d(base_.model.hidden);
@@ -477,7 +500,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // whose previous / next virtual stage sits on another rank (the schedule's placement; a
   // V turn is local). Interleaving: v - 1 on the first rank, v elsewhere, as Megatron.
   auto remote_recvs = [&](int64_t s) {
-    const sched::Dims dd = sched::dims_of(l, m);
+    const sched::Dims dd = sched::dims_of(l, tr, m);
     double rf = 0, rb = 0;
     for (int64_t c = 0; c < sch.chunks(dd); ++c) {
       int64_t mb0 = 0;  // a micro-batch the chunk runs (DualPipe: its direction's first)
@@ -630,8 +653,28 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     w_sum += f + b;
   }
   const double w_mean = w_sum / d(p);
+  // Combined forward-backward passes (training.overlap_moe_expert_parallel_comm,
+  // sched::Step::paired): per layer kind, what one merged layer pair (Shape::Layer::fb)
+  // saves against its forward and backward one after the other, and per rank the paired
+  // passes of its order in whole-rank micro-batches (pairs / chunks).
+  const bool combined = tr.overlap_moe_expert_parallel_comm;
+  const sched::Dims dims = sched::dims_of(l, tr, m);
+  std::vector<double> pair_share(static_cast<size_t>(p), 0.0);
+  std::vector<std::vector<sched::Step>> orders;
+  if (combined || (p > 1 && sch.splits_backward())) orders = sch.order(dims);
+  if (combined)
+    for (int64_t s = 0; s < p; ++s) {
+      double pairs = 0;
+      for (const sched::Step& st : orders[static_cast<size_t>(s)]) pairs += st.paired ? 1.0 : 0.0;
+      pair_share[static_cast<size_t>(s)] = pairs / d(sch.chunks(dims));
+    }
+  auto merged = [&](int k, auto part) {  // part(f) + part(b) - part(fb) of one layer of kind k
+    const Shape::Layer& L = L_(k);
+    return part(L.f) + part(L.b) - part(L.fb);
+  };
+  auto fb_save = [&](int k) { return merged(k, [](const Shape::Seg& g) { return g.time; }); };
   double t_pipe;
-  if (p == 1) t_pipe = d(m) * w_sum;
+  if (p == 1) t_pipe = d(m) * w_sum - pair_share.front() * stage_sum(0, fb_save);
   else if (v > 1) t_pipe = d(m) * w_max + d(p - 1) / d(v) * w_mean + 2.0 * d(p - 1) * t_p2p;
   else t_pipe = w_sum + d(m - 1) * w_max + 2.0 * d(p - 1) * t_p2p;
   // Schedules without a closed form here (zero-bubble, DualPipe): time the schedule's own
@@ -639,8 +682,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // Micro-batches each of a rank's per-micro-batch passes runs: all of them, except under
   // DualPipe, where each direction's chunk runs half (F and B above cover both chunks).
   const double m_rank = sch.params_twice() ? d(m) / 2.0 : d(m);
-  if (p > 1 && sch.splits_backward()) {
-    const sched::Dims dims = sched::dims_of(l, m);
+  if (p > 1 && (sch.splits_backward() || combined)) {
     std::vector<std::vector<sched::ChunkCosts>> costs(static_cast<size_t>(p));
     for (int64_t s = 0; s < p; ++s)
       for (int64_t c = 0; c < sch.chunks(dims); ++c) {
@@ -652,9 +694,10 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
                host_steady[static_cast<size_t>(s)] / d(sch.chunks(dims));
         cc.w = over(nk, [&](int k) { return L_(k).w; }) + (vs.loss ? sh.head_w : 0.0) + (vs.embedding ? sh.emb_w : 0.0);
         cc.b = over(nk, [&](int k) { return K_(k).lb; }) + (vs.loss ? sh.head_b.time : 0.0) + (vs.embedding ? sh.emb_b.time : 0.0) + (recv_bwd ? ptag : 0.0) - cc.w;
+        if (combined) cc.fb_save = over(nk, fb_save);
         costs[static_cast<size_t>(s)].push_back(cc);
       }
-    t_pipe = sched::time_order(sch, dims, sch.order(dims), costs, t_p2p).makespan;
+    t_pipe = sched::time_order(sch, dims, orders, costs, t_p2p).makespan;
   }
   t_pipe += host_startup.front();
 
@@ -676,7 +719,6 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       // (queued behind it) and each later chunk c (issued at chunk c - 1's first forward)
       // overlap the p forwards of chunk c - 1 that come first; a wait there delays the
       // whole pipeline once, the other ranks' gathers hide in their warm-up.
-      const sched::Dims dims = sched::dims_of(l, m);
       auto rank0_chunk = [&](int64_t ck) { return virtual_stage(model.layers, l, sch.virtual_stage(dims, 0, ck)); };
       double exposed = 0;
       for (int64_t ck = 0; ck < v; ++ck) {
@@ -859,12 +901,14 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       double per_mb = stage_sum(s, [&](int k) { return lost(L_(k).f) + lost(L_(k).b); });
       if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
       if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
-      sd.slowdown_s = m_rank * per_mb + stretch;
+      const double pairs = pair_share[static_cast<size_t>(s)];  // merged layers: their own figures
+      sd.slowdown_s = m_rank * per_mb - pairs * stage_sum(s, [&](int k) { return merged(k, lost); }) + stretch;
       // Host-bound time (models/host_dispatch.hpp), the segments' own.
       double host = stage_sum(s, [&](int k) { return L_(k).f.host + L_(k).b.host; });
       if (first) host += sh.emb_f.host + sh.emb_b.host;
       if (last) host += sh.head_f.host + sh.head_b.host;
-      sd.host_bound_s = m_rank * (host + host_steady[static_cast<size_t>(s)]) + (s == 0 ? host_startup.front() : 0.0);
+      sd.host_bound_s = m_rank * (host + host_steady[static_cast<size_t>(s)]) + (s == 0 ? host_startup.front() : 0.0) -
+                        pairs * stage_sum(s, [&](int k) { return merged(k, [](const Shape::Seg& g) { return g.host; }); });
     }
     for (int k : {kTP, kCP, kEP}) {
       const auto kk = static_cast<size_t>(k);
@@ -883,7 +927,9 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         exp += (recv_f + recv_b) * ptag;
       }
       sd.total[static_cast<size_t>(k)] = m_rank * tot;
-      sd.exposed[static_cast<size_t>(k)] = m_rank * exp;
+      sd.exposed[static_cast<size_t>(k)] =
+          m_rank * exp - pair_share[static_cast<size_t>(s)] *
+                             stage_sum(s, [&](int x) { return merged(x, [&](const Shape::Seg& g) { return g.exposed[kk]; }); });
     }
     if (p > 1) {
       // Every message counts at both ends (sender and receiver): its receives and as many

@@ -811,7 +811,7 @@ StepResult Simulation::run() {
     ranks_.push_back(std::move(rs));
   }
   const auto chunks = static_cast<int32_t>(
-      sched::schedule_of(plan_.exp.layout.schedule).chunks(sched::dims_of(plan_.exp.layout, plan_.shape.micro_batches)));
+      sched::schedule_of(plan_.exp.layout.schedule).chunks(sched::dims_of(plan_.exp.layout, plan_.exp.training, plan_.shape.micro_batches)));
   for (auto& rsp : ranks_) {
     RankState& rs = *rsp;
     rs.handle_done = sg4::Semaphore::create(0);

@@ -23,6 +23,7 @@ class DualPipe final : public PipelineSchedule {
   int64_t chunks(const Dims&) const override { return 2; }
   int64_t virtual_stages(const Dims& d) const override { return d.pp; }
   bool splits_backward() const override { return true; }
+  bool pairs_forward_backward() const override { return true; }
   bool params_twice() const override { return true; }
   int64_t virtual_stage(const Dims& d, int64_t r, int64_t c) const override { return c == 0 ? r : d.pp - 1 - r; }
   Place place(const Dims& d, int64_t vs, int64_t mb) const override {
@@ -51,7 +52,7 @@ class DualPipe final : public PipelineSchedule {
       const bool second = r >= half;
       const int32_t chunk[2] = {second ? 1 : 0, second ? 0 : 1};
       const int32_t first[2] = {static_cast<int32_t>(chunk[0] == 0 ? 0 : mbs), static_cast<int32_t>(chunk[1] == 0 ? 0 : mbs)};
-      out.push_back(dualpipe_program(half, std::min(r, d.pp - 1 - r), mbs, chunk, first));
+      out.push_back(dualpipe_program(half, std::min(r, d.pp - 1 - r), mbs, chunk, first, d.combined_1f1b));
     }
     return out;
   }

@@ -3,7 +3,9 @@
 // DualPipeV.step, "Step 1: nF0" ... "Step 8: nW"); a "zero bubble" backward there
 // (enable_zb) runs B now and queues W (WeightGradStore), which a later _weight_chunk runs in
 // queue order; any other backward is the fused BW. An overlapped forward-backward pair
-// (_forward_backward_chunk) is its F followed by its BW on the compute stream here.
+// (_forward_backward_chunk) is its F followed by its BW; with `paired` (the module's
+// overlapped_forward_backward, training.overlap_moe_expert_parallel_comm) the F is marked
+// Step::paired and the two run as one combined pass.
 #include <deque>
 #include <stdexcept>
 
@@ -12,11 +14,13 @@
 namespace dtsim::sched {
 
 std::vector<Step> dualpipe_program(int64_t ranks, int64_t rank, int64_t mbs, const int32_t phase_chunk[2],
-                                   const int32_t first_mb[2]) {
+                                   const int32_t first_mb[2], bool paired) {
   std::vector<Step> o;
   int32_t fcount[2] = {0, 0}, bcount[2] = {0, 0};
   std::deque<Step> weights;
-  auto F = [&](int k) { o.push_back({Pass::F, phase_chunk[k], first_mb[k] + fcount[k]++}); };
+  auto F = [&](int k, bool with_next = false) {
+    o.push_back({Pass::F, phase_chunk[k], first_mb[k] + fcount[k]++, paired && with_next});
+  };
   auto Bk = [&](int k, bool zb) {
     const Step s{zb ? Pass::B : Pass::BW, phase_chunk[k], first_mb[k] + bcount[k]++};
     o.push_back(s);
@@ -39,14 +43,16 @@ std::vector<Step> dualpipe_program(int64_t ranks, int64_t rank, int64_t mbs, con
     F(1);
   }
   for (int64_t i = 0; i < mbs - 2 * R + q + 1; ++i) {  // step 4 (main): nF0B1F1B0
-    F(0);
+    // _forward_backward_chunk(0, 1), except the first on the rank at the turn (DualPipe's middle
+    // ranks, DualPipeV's last): "We don't overlap these two chunks to further reduce bubble size".
+    F(0, !(i == 0 && q == R - 1));
     Bk(1, false);
-    F(1);
+    F(1, true);  // _forward_backward_chunk(1, 0)
     Bk(0, false);
   }
   for (int64_t i = 0; i < R - q - 1; ++i) {  // step 5: nB1F1B0
     Bk(1, false);
-    F(1);
+    F(1, true);  // _forward_backward_chunk(1, 0)
     Bk(0, false);
   }
   bool zb = false;  // step 6: nB1B0, the second half with zero bubble

@@ -18,6 +18,7 @@ class DualPipeV final : public PipelineSchedule {
   Schedule id() const override { return Schedule::dualpipev; }
   int64_t chunks(const Dims&) const override { return 2; }
   bool splits_backward() const override { return true; }
+  bool pairs_forward_backward() const override { return true; }
   int64_t virtual_stage(const Dims& d, int64_t r, int64_t c) const override { return c == 0 ? r : 2 * d.pp - 1 - r; }
   Place place(const Dims& d, int64_t vs, int64_t) const override {
     return vs < d.pp ? Place{vs, 0} : Place{2 * d.pp - 1 - vs, 1};
@@ -37,7 +38,7 @@ class DualPipeV final : public PipelineSchedule {
   std::vector<std::vector<Step>> order(const Dims& d) const override {
     std::vector<std::vector<Step>> out;
     const int32_t chunk[2] = {0, 1}, first[2] = {0, 0};
-    for (int64_t r = 0; r < d.pp; ++r) out.push_back(dualpipe_program(d.pp, r, d.micro_batches, chunk, first));
+    for (int64_t r = 0; r < d.pp; ++r) out.push_back(dualpipe_program(d.pp, r, d.micro_batches, chunk, first, d.combined_1f1b));
     return out;
   }
   double closed_form_bubble(const Dims& d, double f, double b, double w) const override {

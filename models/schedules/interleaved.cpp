@@ -17,6 +17,7 @@ class Interleaved final : public PipelineSchedule {
   const char* source() const override { return "Narayanan et al. 2021 Sec 2.2.2; Megatron-LM schedules.py"; }
   const char* summary() const override { return "1F1B over vp chunks per rank; bubble / vp"; }
   Schedule id() const override { return Schedule::interleaved; }
+  bool pairs_forward_backward() const override { return true; }
   std::vector<std::string> check(const Dims& d) const override {
     std::vector<std::string> p;
     if (d.vp < 2) p.push_back("layout.schedule=interleaved needs layout.vp >= 2 (got vp=" + std::to_string(d.vp) + ")");
@@ -32,9 +33,15 @@ class Interleaved final : public PipelineSchedule {
     const int64_t p = d.pp, v = d.vp, total = d.micro_batches * v;
     for (int64_t r = 0; r < p; ++r) {
       auto& o = out[static_cast<size_t>(r)];
-      const int64_t warmup = std::min<int64_t>((p - r - 1) * 2 + (v - 1) * p, total);
+      // Combined 1F1B: one more warm-up forward, then every steady-state forward merged with
+      // the backward after it (schedules.py get_pp_rank_microbatches,
+      // combined_1f1b_schedule_for_interleaved_pipelining).
+      const int64_t extra = d.combined_1f1b ? 1 : 0;
+      const int64_t warmup = std::min<int64_t>((p - r - 1) * 2 + (v - 1) * p + extra, total);
       auto mb = [&](int64_t k) { return static_cast<int32_t>((k / (p * v)) * p + k % p); };
-      auto fwd = [&](int64_t k) { o.push_back({Pass::F, static_cast<int32_t>((k / p) % v), mb(k)}); };
+      auto fwd = [&](int64_t k) {
+        o.push_back({Pass::F, static_cast<int32_t>((k / p) % v), mb(k), d.combined_1f1b && k >= warmup});
+      };
       auto bwd = [&](int64_t k) { o.push_back({Pass::BW, static_cast<int32_t>(v - 1 - (k / p) % v), mb(k)}); };
       int64_t f = 0, b = 0;
       for (; f < warmup; ++f) fwd(f);

@@ -69,7 +69,9 @@ std::string schedule_names() {
   return out;
 }
 
-Dims dims_of(const Layout& l, int64_t micro_batches) { return {l.pp, l.vp, micro_batches}; }
+Dims dims_of(const Layout& l, const Training& t, int64_t micro_batches) {
+  return {l.pp, l.vp, micro_batches, t.overlap_moe_expert_parallel_comm};
+}
 
 Place PipelineSchedule::next(const Dims& d, int64_t r, int64_t c, int64_t mb) const {
   const int64_t vs = virtual_stage(d, r, c);
@@ -89,7 +91,7 @@ OrderStats order_stats(const std::vector<Step>& order) {
     if (s.pass == Pass::F) {
       ++live;
       if (s.chunk == 0) ++live0;
-      if (!backward_seen) ++st.warmup;
+      if (!backward_seen && !s.paired) ++st.warmup;  // a paired F runs with its backward
       if (live > st.peak_live) {
         st.peak_live = live;
         st.peak_live_chunk0 = live0;
@@ -129,6 +131,31 @@ OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vect
         const Step& st = o[k];
         const ChunkCosts& cc = costs[static_cast<size_t>(r)][static_cast<size_t>(st.chunk)];
         double ready = t, cost = 0;
+        if (st.paired) {  // F and the BW after it as one combined pass
+          if (k + 1 >= o.size() || o[k + 1].pass != Pass::BW)
+            throw std::logic_error(std::string("pipeline schedule ") + s.name() + " pairs an F with no BW after it");
+          const Step& bw = o[k + 1];
+          const ChunkCosts& cb = costs[static_cast<size_t>(r)][static_cast<size_t>(bw.chunk)];
+          const Place pr = s.prev(d, r, st.chunk, st.mb), nx = s.next(d, r, bw.chunk, bw.mb);
+          if (pr.valid()) {
+            const double up = f_done[idx(pr.rank, pr.chunk, st.mb)];
+            if (std::isnan(up)) break;
+            ready = std::max(ready, up + (pr.rank == r ? 0.0 : p2p_s));
+          }
+          const double dep = nx.valid() ? b_done[idx(nx.rank, nx.chunk, bw.mb)] : f_done[idx(r, bw.chunk, bw.mb)];
+          if (std::isnan(dep)) break;
+          ready = std::max(ready, dep + (nx.valid() && nx.rank != r ? p2p_s : 0.0));
+          cost = cc.f + cb.b + cb.w - std::min(cc.fb_save, cb.fb_save);
+          if (keep_starts) out.starts[static_cast<size_t>(r)][k] = out.starts[static_cast<size_t>(r)][k + 1] = ready;
+          t = ready + cost;
+          out.busy[static_cast<size_t>(r)] += cost;
+          f_done[idx(r, st.chunk, st.mb)] = t;
+          b_done[idx(r, bw.chunk, bw.mb)] = t;
+          k += 2;
+          remaining -= 2;
+          progress = true;
+          continue;
+        }
         if (st.pass == Pass::F) {
           const Place pr = s.prev(d, r, st.chunk, st.mb);
           if (pr.valid()) {

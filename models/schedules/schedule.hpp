@@ -38,6 +38,16 @@ struct Step {
   Pass pass = Pass::F;
   int32_t chunk = 0;
   int32_t mb = 0;
+  /// An F that runs merged with the step after it (always a BW of another micro-batch) as one
+  /// combined forward-backward pass: Megatron-Core's combined 1F1B
+  /// (training.overlap_moe_expert_parallel_comm; pipeline_parallel/combined_1f1b.py,
+  /// models/common/model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run) and
+  /// DualPipe's overlapped forward-backward chunk (dualpipe.py _forward_backward_chunk with the
+  /// module's overlapped_forward_backward). Both receive their inputs before the pair starts
+  /// and send their outputs after it ends; in between, each layer of the forward runs beside a
+  /// layer of the backward so that one's EP AllToAll travels while the other computes
+  /// (models/combined_1f1b.hpp).
+  bool paired = false;
   bool operator==(const Step&) const = default;
 };
 
@@ -47,6 +57,12 @@ struct Dims {
   int64_t pp = 1;
   int64_t vp = 1;
   int64_t micro_batches = 1;
+  /// training.overlap_moe_expert_parallel_comm: the order pairs forwards with backwards
+  /// (Step::paired). 1F1B (pp = 1 only, Megatron's forward_backward_no_pipelining path) and
+  /// interleaved run one extra warm-up forward so that the forward and backward of each pair
+  /// are independent (schedules.py get_pp_rank_microbatches: num_warmup_microbatches + 1);
+  /// DualPipe / DualPipeV pair the F and B of their overlapped chunks (steps 4 and 5).
+  bool combined_1f1b = false;
 };
 
 /// Where a model chunk sits: its virtual stage in model order and its neighbours. A
@@ -101,6 +117,9 @@ class PipelineSchedule {
   virtual bool params_twice() const { return false; }
   /// Whether the order splits backwards into B and W.
   virtual bool splits_backward() const { return false; }
+  /// Whether the schedule can pair forwards with backwards (Dims::combined_1f1b); check()
+  /// names the constraint when it cannot for these dims.
+  virtual bool pairs_forward_backward() const { return false; }
 
   /// The order of every pipeline rank, [rank][k]. Requires check(d) to be empty.
   virtual std::vector<std::vector<Step>> order(const Dims& d) const = 0;
@@ -119,8 +138,9 @@ const PipelineSchedule& schedule_of(Schedule s);
 const PipelineSchedule* find_schedule(const std::string& name);
 /// "gpipe, 1f1b, ..." for error messages.
 std::string schedule_names();
-/// Dims of an experiment's layout (micro-batches = Training::accumulation).
-Dims dims_of(const Layout& l, int64_t micro_batches);
+/// Dims of an experiment's layout and training (micro-batches = Training::accumulation;
+/// combined_1f1b = training.overlap_moe_expert_parallel_comm).
+Dims dims_of(const Layout& l, const Training& t, int64_t micro_batches);
 
 // ---- order analysis shared by the memory model, the analytic engine and the tests ----
 
@@ -131,17 +151,23 @@ Dims dims_of(const Layout& l, int64_t micro_batches);
 struct OrderStats {
   int64_t peak_live = 0;        // most chunk-micro-batches alive at once
   int64_t peak_live_chunk0 = 0; // of them, on chunk 0 (the first virtual stage's embedding)
-  int64_t warmup = 0;           // forwards before the first backward (Megatron's warm-up + 1 in 1F1B)
+  int64_t warmup = 0;           // forwards before the first backward (Megatron's warm-up + 1 in 1F1B;
+                                // a paired F runs with its backward: Megatron's warm-up in the combined 1F1B)
 };
 OrderStats order_stats(const std::vector<Step>& rank_order);
 
 /// Per-rank costs of one micro-batch's F, B and W of each chunk, seconds.
 struct ChunkCosts {
   double f = 0, b = 0, w = 0;
+  /// Seconds a combined forward-backward pass (Step::paired) saves against its F and BW run
+  /// one after the other: the EP AllToAll each half hides behind the other's compute.
+  double fb_save = 0;
 };
 /// Timing of an order: each rank runs its steps in order; an F waits for the previous
 /// virtual stage's F of the micro-batch, a B (or BW) for the next one's B, plus `p2p_s` when
-/// the two are on different ranks; a W follows its own B. costs[r][c]. Returns per-rank
+/// the two are on different ranks; a W follows its own B. A paired F and the BW after it
+/// (Step::paired) start together once both are ready and both end after
+/// f(F's chunk) + b + w(BW's chunk) - min(fb_save of the two chunks). costs[r][c]. Returns per-rank
 /// finish times (the step's pipeline time is the max) and busy time; throws std::logic_error
 /// on a deadlock (an order no rank can advance), which a registered schedule never has.
 struct OrderTiming {

@@ -33,8 +33,9 @@ std::vector<std::vector<Step>> zero_bubble_order(const Dims& d, const ZeroBubble
 /// dualpipev.py, DualPipe*.step), for one rank: `ranks` = the pipeline length the program is
 /// written for (pp for DualPipeV, pp / 2 for DualPipe), `rank` = the rank's position in it
 /// (DualPipe: min(r, pp - 1 - r)), `mbs` = micro-batches per direction; local phase k maps
-/// to model chunk phase_chunk[k], whose micro-batches start at first_mb[k].
+/// to model chunk phase_chunk[k], whose micro-batches start at first_mb[k]; `paired` marks the
+/// F of each overlapped forward-backward chunk (steps 4 and 5) Step::paired.
 std::vector<Step> dualpipe_program(int64_t ranks, int64_t rank, int64_t mbs, const int32_t phase_chunk[2],
-                                   const int32_t first_mb[2]);
+                                   const int32_t first_mb[2], bool paired);
 
 }  // namespace dtsim::sched

@@ -50,7 +50,7 @@ TimelineChart schedule_excerpt(AnalyticEngine& engine, const Layout& l, int64_t 
   // part / chunks, its B the rest of the backward.
   const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
   const int64_t m_all = engine.experiment(l, mb).training.accumulation(l);
-  const sched::Dims dims = sched::dims_of(l, m_all);
+  const sched::Dims dims = sched::dims_of(l, engine.base().training, m_all);
   const int64_t m = std::max<int64_t>(1, std::min(m_all, max_mb));
   const int64_t chunks = sch.chunks(dims);
   const std::string order = l.schedule == Schedule::gpipe        ? std::string("GPipe")

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "sim/engine.hpp"
 #include "tests/unit/accounting_checks.hpp"
@@ -56,6 +57,21 @@ std::vector<Switch> switches() {
        [](Experiment& e, bool on) { e.training.moe_shared_expert_overlap = on; }},
       {"delay_wgrad_compute", [](const Experiment& e) { return e.model.moe.enabled(); },
        [](Experiment& e, bool on) { e.training.delay_wgrad_compute = on; }},
+      // The combined forward-backward passes, wherever the layout allows them (Megatron-Core's
+      // constraints, models/moe_checks.cpp).
+      {"overlap_moe_expert_parallel_comm",
+       [](const Experiment& e) {
+         if (!e.model.moe.enabled()) return false;
+         Experiment on = e;
+         on.training.overlap_moe_expert_parallel_comm = true;
+         try {
+           validate_experiment(on);
+         } catch (const InputError&) {
+           return false;
+         }
+         return true;
+       },
+       [](Experiment& e, bool on) { e.training.overlap_moe_expert_parallel_comm = on; }},
       {"cuda_graphs", [](const Experiment&) { return true; },
        [](Experiment& e, bool on) {
          if (!on) e.training.cuda_graphs = CudaGraphs::none;

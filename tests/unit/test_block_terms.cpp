@@ -202,7 +202,7 @@ void check_experiment(const Experiment& e) {
   for (int64_t stage = 0; stage < l.pp; ++stage) {
     const RankSplit holds = rank_split(m.layers, l, stage);
     const ActivationBreakdown act = stage_activations(e, stage);
-    const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, e.training.accumulation(l));
+    const PipelineInflight pin = pipeline_inflight(l, m.layers, stage, e.training.accumulation(l), e.training.overlap_moe_expert_parallel_comm);
     expect_close(act.embedding_bytes,
                  holds.embedding ? static_cast<double>(pin.first_chunk_microbatches) *
                                        kept_bytes(emb, emb, t, sp, Recompute::none)

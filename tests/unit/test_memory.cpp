@@ -543,38 +543,38 @@ TEST(MemoryPipeline, InflightPerSchedule) {
   l.pp = 4;
   // 1F1B: stage r holds min(p - r, m).
   for (int64_t r = 0; r < 4; ++r) {
-    const PipelineInflight x = pipeline_inflight(l, 16, r, 8);
+    const PipelineInflight x = pipeline_inflight(l, 16, r, 8, false);
     EXPECT_EQ(x.chunks, 4 - r);
     EXPECT_EQ(x.warmup, 3 - r);
     EXPECT_EQ(x.chunk_layers, 4);
     EXPECT_EQ(x.chunks, inflight_microbatches(4, r, 8));
   }
-  EXPECT_EQ(pipeline_inflight(l, 16, 0, 2).chunks, 2);
+  EXPECT_EQ(pipeline_inflight(l, 16, 0, 2, false).chunks, 2);
   // GPipe: every stage holds all m micro-batches.
   l.schedule = Schedule::gpipe;
-  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(pipeline_inflight(l, 16, r, 8).chunks, 8);
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(pipeline_inflight(l, 16, r, 8, false).chunks, 8);
   // Interleaved, p = 4, v = 2, m = 8: Megatron warm-up (p - r - 1) * 2 + (v - 1) p.
   l.schedule = Schedule::interleaved;
   l.vp = 2;
   const int64_t expect_warmup[4] = {10, 8, 6, 4};
   for (int64_t r = 0; r < 4; ++r) {
-    const PipelineInflight x = pipeline_inflight(l, 16, r, 8);
+    const PipelineInflight x = pipeline_inflight(l, 16, r, 8, false);
     EXPECT_EQ(x.warmup, expect_warmup[r]);
     EXPECT_EQ(x.chunks, expect_warmup[r] + 1);
     EXPECT_EQ(x.chunk_layers, 2);
   }
   // Rank 0 holds p v + p - 1 = 11 chunks of L/(p v) = 2 layers = 22 layers
   // = L/p x p (1 + (p-1)/(p v)) = 4 x 4 x 1.375 (Korthikanti Sec 4.2.3).
-  const PipelineInflight r0 = pipeline_inflight(l, 16, 0, 8);
+  const PipelineInflight r0 = pipeline_inflight(l, 16, 0, 8, false);
   EXPECT_DOUBLE_EQ(double(r0.chunks * r0.chunk_layers), 4.0 * 4.0 * interleaved_activation_factor(4, 2));
   // Forwards 0-3 run chunk 0, 4-7 chunk 1, 8-10 chunk 0 again: 7 first-chunk micro-batches.
   EXPECT_EQ(r0.first_chunk_microbatches, 7);
   // m == p: every forward is warm-up (Megatron all_warmup_microbatches): m v chunks.
-  EXPECT_EQ(pipeline_inflight(l, 16, 0, 4).chunks, 8);
-  EXPECT_EQ(pipeline_inflight(l, 16, 3, 4).chunks, 5);
-  EXPECT_THROW(pipeline_inflight(l, 12, 0, 8), InputError);  // p v = 8 does not divide 12
-  EXPECT_THROW(pipeline_inflight(l, 16, 4, 8), InputError);
-  EXPECT_THROW(pipeline_inflight(l, 16, 0, 0), InputError);
+  EXPECT_EQ(pipeline_inflight(l, 16, 0, 4, false).chunks, 8);
+  EXPECT_EQ(pipeline_inflight(l, 16, 3, 4, false).chunks, 5);
+  EXPECT_THROW(pipeline_inflight(l, 12, 0, 8, false), InputError);  // p v = 8 does not divide 12
+  EXPECT_THROW(pipeline_inflight(l, 16, 4, 8, false), InputError);
+  EXPECT_THROW(pipeline_inflight(l, 16, 0, 0, false), InputError);
 }
 
 TEST(MemoryPipeline, StageActivationsFollowSchedule) {

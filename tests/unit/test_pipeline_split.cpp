@@ -371,7 +371,8 @@ TEST(PipelineSplitConsumers, ActivationsFollowTheRanksOwnChunks) {
                               "layout.account_for_loss_in_pipeline_split=true"});
   const Layout& l = e.layout;
   for (int64_t s = 0; s < l.pp; ++s) {
-    const PipelineInflight pin = pipeline_inflight(l, e.model.layers, s, e.training.accumulation(l));
+    const PipelineInflight pin = pipeline_inflight(l, e.model.layers, s, e.training.accumulation(l),
+                                                     e.training.overlap_moe_expert_parallel_comm);
     // Forward k runs chunk (k mod p v) / p (Megatron's interleaved order).
     int64_t held = 0;
     for (int64_t k = 0; k < pin.chunks; ++k) {

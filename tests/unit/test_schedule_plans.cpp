@@ -216,7 +216,7 @@ TEST(SchedulePlans, AnalyticClosedFormsAreTheOrdersTiming) {
     double p2p = 0;
     const auto passes = eng.stage_passes(e.layout, e.training.micro_batch, &p2p);
     const sched::PipelineSchedule& sch = sched::schedule_of(e.layout.schedule);
-    const sched::Dims d = sched::dims_of(e.layout, e.training.accumulation(e.layout));
+    const sched::Dims d = sched::dims_of(e.layout, e.training, e.training.accumulation(e.layout));
     std::vector<std::vector<sched::ChunkCosts>> costs;
     for (const auto& ps : passes)
       costs.emplace_back(static_cast<size_t>(sch.chunks(d)),
