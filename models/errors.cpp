@@ -27,4 +27,8 @@ void ProblemList::throw_if_any() const {
   if (!problems_.empty()) throw InputError(problems_);
 }
 
+void ProblemList::drop_containing(const std::string& part) {
+  std::erase_if(problems_, [&](const std::string& line) { return line.find(part) != std::string::npos; });
+}
+
 }  // namespace dtsim

@@ -31,6 +31,8 @@ class ProblemList {
   bool empty() const noexcept { return problems_.empty(); }
   /// Throws InputError with every collected problem; does nothing when empty.
   void throw_if_any() const;
+  /// Forgets the problems whose line ("FILE: message") contains `part`.
+  void drop_containing(const std::string& part);
   const std::string& file() const noexcept { return file_; }
 
  private:

@@ -1319,7 +1319,8 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
 }  // namespace
 
 Experiment parse_experiment(const std::string& yaml_text, const std::string& source,
-                            const std::vector<std::string>& overrides, const std::string& base_dir) {
+                            const std::vector<std::string>& overrides, const std::string& base_dir,
+                            const std::string& ignore_containing) {
   ProblemList problems(source);
   // One document; unterminated strings, deep nesting and a second document are errors.
   YAML::Node root = load_yaml_document(yaml_text, source);
@@ -1417,6 +1418,7 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   if (e.title.empty()) e.title = e.model.name;
   // Parse problems and cross-section problems are reported together.
   check_experiment(e, problems, ctx.bad());
+  if (!ignore_containing.empty()) problems.drop_containing(ignore_containing);
   problems.throw_if_any();
   return e;
 }

@@ -16,10 +16,13 @@ namespace dtsim {
 /// the violated constraint. Unknown keys are errors.
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
 
-/// Same, from YAML text; `source` names it in messages.
+/// Same, from YAML text; `source` names it in messages. `ignore_containing` (when not empty):
+/// problems whose line contains it are not raised (dtsim sweep composes its clusters on a
+/// placeholder layout and leaves the "layout." problems to each layout of the space, whose
+/// rows report them).
 Experiment parse_experiment(const std::string& yaml_text, const std::string& source,
                             const std::vector<std::string>& overrides = {},
-                            const std::string& base_dir = ".");
+                            const std::string& base_dir = ".", const std::string& ignore_containing = "");
 
 /// Checks the cross-section constraints (dp*tp*cp*pp == GPUs, tp | heads, ...). Throws
 /// InputError with every violation.

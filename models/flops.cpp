@@ -31,7 +31,7 @@ double d(int64_t v) { return static_cast<double>(v); }
 
 double ForwardFlops::total() const {
   return qkv + attention_scores + attention_values + out_proj + mlp_up + mlp_gate + mlp_down + router + expert_up +
-         expert_gate + expert_down + shared_up + shared_gate + shared_down;
+         expert_gate + expert_down + shared_up + shared_gate + shared_down + mtp_eh_proj;
 }
 
 ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
@@ -93,21 +93,39 @@ ForwardFlops layers_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int6
   return sum;
 }
 
+ForwardFlops mtp_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
+  ForwardFlops out;
+  if (m.mtp_layers <= 0) return out;
+  const blocks::ModelBlocks mb(m);
+  const double n = d(m.mtp_layers);
+  ForwardFlops one = mb.layer(m.layers).forward_flops(m, d(b) * d(s), d(s_kv));
+  mb.mtp_entry().forward_flops(m, d(b) * d(s), d(s_kv), one);
+  for (double* x : {&one.qkv, &one.attention_scores, &one.attention_values, &one.out_proj, &one.mlp_up, &one.mlp_gate,
+                    &one.mlp_down, &one.router, &one.expert_up, &one.expert_gate, &one.expert_down, &one.shared_up,
+                    &one.shared_gate, &one.shared_down, &one.mtp_eh_proj})
+    *x *= n;
+  return one;
+}
+
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq) {
   const double layers = layers_forward_flops(m, global_batch, seq, seq).total();
-  return 3.0 * (layers + lm_head_forward_flops(m, global_batch, seq));
+  const double mtp = mtp_forward_flops(m, global_batch, seq, seq).total();
+  return 3.0 * (layers + mtp + d(1 + std::max<int64_t>(0, m.mtp_layers)) * lm_head_forward_flops(m, global_batch, seq));
 }
 
 double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq, Recompute r) {
   const double model = model_flops_per_step(m, global_batch, seq);
   const ForwardFlops f = layers_forward_flops(m, global_batch, seq, seq);
+  // An MTP depth's layer recomputes as the decoder's (Megatron-Core checkpoints the whole
+  // depth under full recomputation, multi_token_prediction.py _checkpointed_forward).
+  ForwardFlops x = mtp_forward_flops(m, global_batch, seq, seq);
   switch (r) {
     case Recompute::none:
       return model;
     case Recompute::selective:
-      return model + (f.attention_scores + f.attention_values);
+      return model + (f.attention_scores + f.attention_values) + (x.attention_scores + x.attention_values);
     case Recompute::full:
-      return model + f.total();
+      return model + f.total() + x.total();
   }
   return model;
 }
@@ -182,7 +200,21 @@ int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
               static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases +
                                    p.expert_weights);
   }
-  return layers + embedding_parameters(m, seq_len) + norm_parameters(m) + lm_head_parameters(m);
+  int64_t mtp = 0;
+  if (m.mtp_layers > 0) {
+    const blocks::ModelBlocks mbk(m);
+    const blocks::BlockParams p = mbk.layer(m.layers).parameters(m), e = mbk.mtp_entry().parameters(m);
+    mtp = m.mtp_layers * static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases +
+                                              p.replicated_biases + p.expert_weights + e.sharded_weights +
+                                              e.replicated_weights);
+  }
+  return layers + mtp + embedding_parameters(m, seq_len) + norm_parameters(m) + lm_head_parameters(m);
+}
+
+double mtp_entry_parameters_per_rank(const ModelSpec& m, int64_t tp) {
+  if (m.mtp_layers <= 0) return 0.0;
+  const blocks::BlockParams e = blocks::ModelBlocks(m).mtp_entry().parameters(m);
+  return d(m.mtp_layers) * (e.sharded_weights / d(tp) + e.replicated_weights);
 }
 
 int64_t active_parameters(const ModelSpec& m, int64_t seq_len) {
@@ -231,21 +263,29 @@ int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage) {
   return first.first_layer;
 }
 
+namespace {
+/// The MTP depths' layers on the rank that holds the loss (stage_layer_kinds).
+int64_t mtp_layers_on(const ModelSpec& m, const RankSplit& rs) { return rs.loss ? std::max<int64_t>(0, m.mtp_layers) : 0; }
+}  // namespace
+
 std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, const Layout& l, int64_t stage) {
   const RankSplit rs = checked_rank_split(m, l, stage);
-  if (!m.moe.enabled() && m.attention.window <= 0) return all_of_one_kind(m, rs.layers);
+  if (!m.moe.enabled() && m.attention.window <= 0) return all_of_one_kind(m, rs.layers + mtp_layers_on(m, rs));
   std::array<int64_t, blocks::kLayerKinds> n{};
   for (int64_t c = 0; c < chunks_of(l); ++c) {
     const VirtualStage vs = virtual_stage(m.layers, l, virtual_stage_of(l, stage, c));
     const auto k = blocks::layer_kind_counts(m, vs.first_layer, vs.layers);
     for (size_t i = 0; i < n.size(); ++i) n[i] += k[i];
   }
+  n[static_cast<size_t>(blocks::layer_kind(m, m.layers))] += mtp_layers_on(m, rs);
   return n;
 }
 
 blocks::RankParams stage_layer_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t stage) {
-  if (!m.moe.enabled() && m.attention.window <= 0)  // every layer alike: the old product, bit for bit
-    return {d(checked_rank_split(m, l, stage).layers) * layer_parameters_per_tp_rank(m, l.tp), 0.0};
+  if (!m.moe.enabled() && m.attention.window <= 0) {  // every layer alike: the old product, bit for bit
+    const RankSplit rs = checked_rank_split(m, l, stage);
+    return {d(rs.layers + mtp_layers_on(m, rs)) * layer_parameters_per_tp_rank(m, l.tp), 0.0};
+  }
   const auto kinds = stage_layer_kinds(m, l, stage);
   const blocks::ModelBlocks mb(m);
   blocks::RankParams sum;
@@ -277,10 +317,10 @@ double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t se
   }
   if (rs.loss) {
     n += d(norm_parameters(m));  // final norm, replicated
-    if (!m.tied_embeddings)
-      n += word_embedding;  // untied LM head, vocab-parallel
-    else if (!rs.embedding)
-      n += word_embedding;  // Megatron keeps a copy of the tied word embedding on the last stage
+    if (!m.tied_embeddings) n += word_embedding;  // untied LM head, vocab-parallel
+    // Megatron keeps a copy of the word embedding on the last stage for a tied LM head or MTP.
+    if (loss_stage_embeds(m) && !rs.embedding) n += word_embedding;
+    n += mtp_entry_parameters_per_rank(m, l.tp);
   }
   return n;
 }

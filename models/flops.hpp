@@ -45,6 +45,8 @@ struct ForwardFlops {
   double shared_up = 0;         // shared expert(s): 2 b s h f_s
   double shared_gate = 0;       // 2 b s h f_s
   double shared_down = 0;       // 2 b s f_s h
+  // Multi-token prediction depth entry (models/blocks/mtp.hpp), not part of a layer:
+  double mtp_eh_proj = 0;       // 2 b s (2h) h
   double total() const;
 };
 
@@ -66,9 +68,18 @@ std::array<int64_t, blocks::kLayerKinds> model_layer_kinds(const ModelSpec& m);
 /// LM head (output projection to the vocabulary), forward: 2 b s h V FLOPs.
 double lm_head_forward_flops(const ModelSpec& m, int64_t b, int64_t s);
 
+/// Multi-token prediction (model.mtp_layers; models/blocks/mtp.hpp): the forward FLOPs of
+/// the depths' transformer layers (each of the last decoder layer's kind), summed by term as
+/// layers_forward_flops, with their entries' eh_proj (ForwardFlops::mtp_eh_proj). Their LM
+/// heads are mtp_layers x lm_head_forward_flops. Megatron-LM counts the same
+/// (training.py num_floating_point_operations: the MTP layers with the decoder's, "MTP eh
+/// proj", and the logits x (mtp_num_layers + 1)). Zero without MTP.
+ForwardFlops mtp_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv);
+
 /// Model FLOPs of one optimizer step, whole cluster: 3 x forward (fwd + activation-grad +
-/// weight-grad) of all layers and the LM head, for `global_batch` sequences of `seq`
-/// tokens. No recompute (Korthikanti 2022 Eq. 7 convention; for GPT blocks this equals
+/// weight-grad) of all layers and the LM head (and of the MTP depths, mtp_forward_flops,
+/// with their LM heads), for `global_batch` sequences of `seq` tokens. No recompute
+/// (Korthikanti 2022 Eq. 7 convention; for GPT blocks this equals
 /// 72 B L s h^2 (1 + s/(6h) + V/(12hL)) exactly).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq);
 
@@ -113,7 +124,19 @@ int64_t active_parameters(const ModelSpec& m, int64_t seq_len);
 int64_t embedding_parameters(const ModelSpec& m, int64_t seq_len_for_learned_positions);
 /// Output layer: V h when untied, 0 when tied to the input embedding.
 int64_t lm_head_parameters(const ModelSpec& m);
-/// Whole model: L layers + embedding + final norm + LM head (a tied LM head counted once).
+/// Whether the rank holding the loss keeps its own copy of the word embedding when it does
+/// not hold the embedding (pp > 1): with tied weights (Megatron's copy for the LM head) and
+/// with MTP, whose depths embed the shifted tokens (Megatron-Core language_module.py
+/// setup_embeddings_and_output_layer: "we also need to maintain duplicated embedding weights
+/// in mtp process stage"). Its gradient is summed with the first stage's
+/// (embedding_grad_allreduce).
+inline bool loss_stage_embeds(const ModelSpec& m) { return m.tied_embeddings || m.mtp_layers > 0; }
+/// Parameters (elements) of the mtp_layers MTP depths' entries (models/blocks/mtp.hpp:
+/// eh_proj, enorm, hnorm, final norm) on one TP rank; their layers count with the layers
+/// (stage_layer_kinds).
+double mtp_entry_parameters_per_rank(const ModelSpec& m, int64_t tp);
+/// Whole model: L layers + embedding + final norm + LM head (a tied LM head counted once),
+/// and the MTP depths (layers and entries; DeepSeek-V3's config.json: 671B + 14B of MTP).
 /// GPT-3 175B (L=96, h=12288, V=51200, s=2048, tied) = Narayanan 2021 Sec 5.1
 /// 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)) + 2h (the final layernorm, which that formula omits).
 int64_t total_parameters(const ModelSpec& m, int64_t seq_len);
@@ -144,12 +167,17 @@ int64_t stage_first_layer(const ModelSpec& m, const Layout& l, int64_t stage);
 /// layer_parameters_per_tp_rank; the rank whose chunk holds the embedding (stage 0) also the
 /// word embedding (vocab-parallel, V h / t) and the learned position embedding
 /// (replicated over TP); the one whose chunk holds the loss (the last stage) the final norm
-/// (replicated) and the LM head (V h / t); with tied embeddings on two ranks (pp > 1) the
+/// (replicated) and the LM head (V h / t), with MTP its depths (stage_layer_kinds, and
+/// mtp_entry_parameters_per_rank); with tied embeddings or MTP on two ranks (pp > 1) the
 /// last stage holds its own copy of the word embedding as Megatron does (with pp == 1 it is
-/// shared, counted once). No ZeRO
+/// shared, counted once; loss_stage_embeds). No ZeRO
 /// sharding here. Throws InputError for stage outside [0, pp) or a non-positive tp/pp.
 double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t seq_len, int64_t stage);
-/// Layers of each kind held by pipeline rank `stage` over its chunks.
+/// Layers of each kind held by pipeline rank `stage` over its chunks, the MTP depths' layers
+/// (model.mtp_layers, of the last layer's kind) included on the rank holding the loss:
+/// Megatron-Core places them with the loss by default (multi_token_prediction.md, "all MTP
+/// layers sit on the last pipeline stage"). Their parameters, gradients and ZeRO shards
+/// follow the layers'.
 std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, const Layout& l, int64_t stage);
 /// The routed-expert part of stage_parameters_per_rank (elements on one rank: E / ep experts
 /// of each MoE layer, each over etp ranks), whose gradients are reduced over the

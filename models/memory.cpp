@@ -311,7 +311,19 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage) {
   }
   if (holds.loss) {
     const blocks::ActivationSums head = kept(model.head());
-    out.output_bytes = (sp ? head.sequence / t : head.sequence) + (head.tensor + head.selective) / t;
+    const double head_bytes = (sp ? head.sequence / t : head.sequence) + (head.tensor + head.selective) / t;
+    out.output_bytes = head_bytes;
+    // Each MTP depth (models/blocks/mtp.hpp) keeps its entry's inputs, its layer's
+    // activations (under the layout's recomputation, as a decoder layer) and its own head's,
+    // for the micro-batch whose loss runs, as the model's head above.
+    if (m.mtp_layers > 0) {
+      const blocks::ActivationSums entry = kept(model.mtp_entry());
+      const double entry_bytes = (sp ? entry.sequence / t : entry.sequence) + (entry.tensor + entry.selective) / t;
+      blocks::ActivationShape routed = shape;
+      routed.moe_load = moe_load_factor(m.moe, l);
+      const double layer_bytes = model.layer(m.layers).activation_bytes(routed, l.tp, sp, l.recompute);
+      out.mtp_bytes = d(m.mtp_layers) * (entry_bytes + layer_bytes + head_bytes);
+    }
   }
   return out;
 }
@@ -348,9 +360,10 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
     const RankSplit holds = rank_split(e.model.layers, l, stage);
     if (holds.embedding)
       units += vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
-    if (holds.loss) {
-      const bool own_head = !e.model.tied_embeddings || !holds.embedding;
-      units += (own_head ? vocab_rows : 0.0) + d(norm_parameters(e.model));
+    if (holds.loss) {  // the LM head unless tied, the word embedding's copy, the MTP entries
+      units += (e.model.tied_embeddings ? 0.0 : vocab_rows) +
+               (loss_stage_embeds(e.model) && !holds.embedding ? vocab_rows : 0.0) + d(norm_parameters(e.model)) +
+               mtp_entry_parameters_per_rank(e.model, l.tp);
     }
     out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;
   }

@@ -198,7 +198,10 @@ struct ActivationBreakdown {
   /// Last stage, one micro-batch: final-norm input 2sbh + LM-head input 2sbh (/t with SP)
   /// + fp32 logits for the cross entropy 4 s b V / t (Korthikanti Sec 4.3: 4sbh/t (1+V/h)).
   double output_bytes = 0;
-  double total() const { return layers_bytes + recompute_working_bytes + embedding_bytes + output_bytes; }
+  /// The MTP depths on the stage holding the loss (model.mtp_layers): per depth its entry's
+  /// inputs, one layer of the last layer's kind and its head's terms, for one micro-batch.
+  double mtp_bytes = 0;
+  double total() const { return layers_bytes + recompute_working_bytes + embedding_bytes + output_bytes + mtp_bytes; }
 };
 /// s = seq_len / cp, b = micro_batch, accumulation = training.accumulation(layout).
 /// Throws InputError for non-positive seq_len/micro_batch, accumulation < 1, or a bad stage.

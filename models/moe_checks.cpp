@@ -17,8 +17,20 @@ void check_moe(const Experiment& e, ProblemList& p) {
   auto s = [](auto v) { return std::to_string(v); };
   if (m.head_dim_override < 0) p.add("model.head_dim=" + s(m.head_dim_override) + " must be positive");
   if (m.mtp_layers < 0) p.add("model.mtp_layers=" + s(m.mtp_layers) + " must be >= 0");
-  if (m.mtp_layers > 0)
-    p.add("model.mtp_layers=" + s(m.mtp_layers) + ": multi-token prediction layers are not simulated yet (set 0)");
+  if (m.mtp_layers > 0) {
+    // Megatron-Core docs/user-guide/features/multi_token_prediction.md, "Unsupported
+    // Combinations": context parallelism and learned absolute position embeddings.
+    if (l.cp > 1)
+      p.add("model.mtp_layers=" + s(m.mtp_layers) + " with layout.cp=" + s(l.cp) +
+            ": Megatron-Core does not support multi-token prediction with context parallelism");
+    if (m.position == Position::learned)
+      p.add("model.mtp_layers=" + s(m.mtp_layers) +
+            " with model.position=learned: Megatron-Core does not support multi-token prediction with learned "
+            "absolute position embeddings");
+    if (e.training.overlap_moe_expert_parallel_comm && m.mtp_layers > 1)
+      p.add("model.mtp_layers=" + s(m.mtp_layers) +
+            " with training.overlap_moe_expert_parallel_comm: Megatron-Core supports at most one MTP layer with it");
+  }
   const MlaSpec& a = m.mla;
   if (a.enabled() || a.q_lora_rank != 0 || a.v_head_dim != 0 || a.qk_nope_head_dim != 0 || a.qk_rope_head_dim != 0) {
     if (a.kv_lora_rank <= 0) p.add("model.mla.kv_lora_rank=" + s(a.kv_lora_rank) + " must be positive");

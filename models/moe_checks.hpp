@@ -1,7 +1,7 @@
 #pragma once
 // Input checks of the mixture-of-experts model and layout keys (model.moe, layout.ep / etp,
 // training MoE options, with Megatron-Core's constraints of overlap_moe_expert_parallel_comm)
-// and the refusals of what is parsed but not simulated yet (model.mtp_layers). Each problem
+// and of model.mtp_layers (Megatron-Core's unsupported combinations). Each problem
 // names its key and the violated constraint (models/errors.hpp ProblemList).
 #include "models/errors.hpp"
 #include "models/experiment.hpp"

@@ -253,7 +253,8 @@ std::vector<VirtualStage> layout_split(int64_t layers, const Layout& l) {
     }
     stages.back() += c;
     if (c == 'm')
-      fail("'m' (a multi-token-prediction layer) is not modelled yet: dtsim has no MTP layers; remove it");
+      fail("'m' (a multi-token-prediction layer): dtsim places the model.mtp_layers depths with the loss (L), "
+           "Megatron-Core's default; remove it from the layout");
     if (c == 't') ++out.back().layers;
     if (c == 'E') out.back().embedding = true;
     if (c == 'L') out.back().loss = true;

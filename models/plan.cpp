@@ -306,7 +306,7 @@ class Builder {
   /// the first and last pipeline stage partition optimizer state for the shared embedding
   /// parameters the same way across DP replicas"). Found missing by dtsim verify.
   bool word_embedding_own_bucket() const {
-    return m_.tied_embeddings && l_.pp > 1 && g_.collective == Collective::ReduceScatter && dp_active() &&
+    return loss_stage_embeds(m_) && l_.pp > 1 && g_.collective == Collective::ReduceScatter && dp_active() &&
            rank_holds_.embedding != rank_holds_.loss;
   }
   /// The non-layer gradients of `params` elements are complete: the first stage's
@@ -402,6 +402,50 @@ class Builder {
       }
   }
 
+  /// The loss chunk's work after its decoder layers, forward: each multi-token prediction
+  /// depth (model.mtp_layers; Megatron-Core multi_token_prediction.py, placed with the loss):
+  /// its entry (models/blocks/mtp.hpp), a layer of the last layer's kind at index
+  /// layers + d (its parameters are the stage's layers', stage_layer_kinds) and the shared LM
+  /// head + loss with the depth's own final norm; then the model's head + loss.
+  void loss_forward(int mb) {
+    for (int64_t d = 0; d < m_.mtp_layers; ++d) {
+      const int layer = static_cast<int>(m_.layers + d);
+      blocks_.mtp_entry().forward(ctx(), layer, mb, Phase::forward);
+      const int h = first_use_gather(layer, mb, Phase::forward);
+      wait_gather(h, layer, mb, Phase::forward);
+      layer_forward(layer, mb, Phase::forward);
+      blocks_.head().forward(ctx(), layer, mb, Phase::forward);
+    }
+    head_forward(mb);
+  }
+  /// Backward of loss_forward, or its B or W part (BackwardPart): the head, then the MTP
+  /// depths last to first (head, layer after its recomputation, entry); with the weight
+  /// gradients (full or W) the DP bookkeeping of each depth's layer and, last, of the head's
+  /// parameters (head_params_rank, the entries' included).
+  void loss_backward(int mb, BackwardPart part, bool sync) {
+    const bool grads = part != BackwardPart::input;
+    head_backward(mb, part);
+    for (int64_t d = m_.mtp_layers - 1; d >= 0; --d) {
+      const int layer = static_cast<int>(m_.layers + d);
+      blocks_.head().backward(ctx(), layer, mb, part);
+      if (part != BackwardPart::weight) {
+        const int gather = zero3_gather(layer, mb, Phase::backward);  // ZeRO-3: gathered again
+        wait_gather(gather, layer, mb, Phase::backward);
+        // Full recomputation checkpoints the whole depth, entry and layer (Megatron-Core
+        // multi_token_prediction.py _checkpointed_forward); its head is outside it.
+        if (l_.recompute == Recompute::full) {
+          blocks_.mtp_entry().forward(ctx(), layer, mb, Phase::recompute);
+          layer_forward(layer, mb, Phase::recompute);
+        }
+        if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+      }
+      layer_backward(layer, mb, part);
+      blocks_.mtp_entry().backward(ctx(), layer, mb, part);
+      if (grads) layer_grads_ready(layer, mb, sync);
+    }
+    if (grads) edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
+  }
+
   void chunk_forward(int c, int mb) {
     const Chunk ch = chunk(c);
     cur_chunk_ = c;
@@ -416,7 +460,7 @@ class Builder {
       wait_gather(cur, layer, mb, Phase::forward);
       layer_forward(layer, mb, Phase::forward);
     }
-    if (ch.last) head_forward(mb);
+    if (ch.last) loss_forward(mb);
     p2p_with(OpType::send, Direction::forward, mb, c, sched_->next(dims_, sp_.stage, c, mb));
   }
 
@@ -430,10 +474,7 @@ class Builder {
     const bool fused = part == BackwardPart::full;
     const bool sync = reduce_now(c, mb);
     p2p_with(OpType::recv, Direction::backward, mb, c, sched_->next(dims_, sp_.stage, c, mb));
-    if (ch.last) {
-      head_backward(mb, part);
-      if (fused) edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
-    }
+    if (ch.last) loss_backward(mb, part, sync);
     int next = ch.layers > 0 ? zero3_gather(static_cast<int>(ch.first_layer + ch.layers - 1), mb, Phase::backward) : -1;
     for (int64_t i = ch.layers - 1; i >= 0; --i) {
       const int layer = static_cast<int>(ch.first_layer + i);
@@ -470,10 +511,7 @@ class Builder {
     if (aligned_param_gather()) wait_chunk_param_gather(cf, mf);
     cur_chunk_ = cb;
     p2p_with(OpType::recv, Direction::backward, mb, cb, sched_->next(dims_, sp_.stage, cb, mb));
-    if (bch.last) {
-      head_backward(mb);
-      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
-    }
+    if (bch.last) loss_backward(mb, BackwardPart::full, sync);
     // Emits what `emit` appends for chunk `c`, cut out of the stage's ops.
     auto take = [&](int c, auto emit) {
       cur_chunk_ = c;
@@ -516,7 +554,7 @@ class Builder {
     p2p_with(OpType::send, Direction::backward, mb, cb, sched_->prev(dims_, sp_.stage, cb, mb));
     if (fch.last) {
       cur_chunk_ = cf;
-      head_forward(mf);
+      loss_forward(mf);
     }
     cur_chunk_ = cb;
     if (bch.first) {
@@ -533,10 +571,7 @@ class Builder {
     const Chunk ch = chunk(c);
     cur_chunk_ = c;
     const bool sync = reduce_now(c, mb);
-    if (ch.last) {
-      head_backward(mb, BackwardPart::weight);
-      edge_grads_ready(head_params_rank(), mb, sync, /*first=*/false);
-    }
+    if (ch.last) loss_backward(mb, BackwardPart::weight, sync);
     for (int64_t i = ch.layers - 1; i >= 0; --i) {
       const int layer = static_cast<int>(ch.first_layer + i);
       layer_backward(layer, mb, BackwardPart::weight);
@@ -627,9 +662,11 @@ class Builder {
     auto& g = chunk_gather_[static_cast<size_t>(c)];
     g.issued = true;
     const Chunk ch = chunk(c);
-    if (ch.layers == 0) return;
+    // The loss chunk's MTP layers follow its last layer (index model.layers + d).
+    const int64_t gathered = ch.layers + (ch.last ? m_.mtp_layers : 0);
+    if (gathered == 0) return;
     double dense = 0, expert = 0;
-    for (int64_t i = 0; i < ch.layers; ++i) {
+    for (int64_t i = 0; i < gathered; ++i) {
       const blocks::RankParams& p = layer_params(static_cast<int>(ch.first_layer + i));
       dense += p.dense;
       expert += p.expert;
@@ -638,7 +675,7 @@ class Builder {
     cur_chunk_ = c;
     const int layer = static_cast<int>(ch.first_layer);
     auto mark = [&](int handle) {  // the chunk's layers on the op just issued
-      if (handle >= 0) sp_.ops.back().gather_layers = static_cast<int32_t>(ch.layers);
+      if (handle >= 0) sp_.ops.back().gather_layers = static_cast<int32_t>(gathered);
       return handle;
     };
     if (expert_active() && expert > 0)
@@ -661,13 +698,14 @@ class Builder {
   }
 
   /// Parameters of the last stage's head on one rank: the final norm (replicated over
-  /// TP) and the vocab-parallel LM head, or with tied weights and pp > 1 Megatron's copy
-  /// of the word embedding; with pp == 1 and tied weights the head is the embedding.
+  /// TP), the vocab-parallel LM head unless tied, with tied weights or MTP and pp > 1
+  /// Megatron's copy of the word embedding (loss_stage_embeds; with pp == 1 it is the
+  /// embedding), and the MTP depths' entries (their layers are layers).
   double head_params_rank() const {
     double vocab_rows = 0;
     if (!m_.tied_embeddings) vocab_rows = static_cast<double>(lm_head_parameters(m_));
-    else if (!rank_holds_.embedding) vocab_rows = static_cast<double>(m_.vocab * m_.hidden);  // Megatron's copy
-    return vocab_rows / t_ + static_cast<double>(norm_parameters(m_));
+    if (loss_stage_embeds(m_) && !rank_holds_.embedding) vocab_rows += static_cast<double>(m_.vocab * m_.hidden);
+    return vocab_rows / t_ + static_cast<double>(norm_parameters(m_)) + mtp_entry_parameters_per_rank(m_, l_.tp);
   }
   /// The first stage's embedding parameters on one rank: whatever the stage holds beyond
   /// its layers (and, when it is also the last stage, the head), so that every parameter
@@ -739,7 +777,7 @@ class Builder {
     // (DualPipe: the first and last rank each hold embedding and head, and the mirror sum
     // below adds their copies.)
     // (A rank that holds both, as rank 0 under DualPipeV, ties them locally: no copy.)
-    if (m_.tied_embeddings && l_.pp > 1 && !sched_->params_twice() && rank_holds_.embedding != rank_holds_.loss)
+    if (loss_stage_embeds(m_) && l_.pp > 1 && !sched_->params_twice() && rank_holds_.embedding != rank_holds_.loss)
       collective("embedding_grad_allreduce", Phase::optimizer, -1, mb, CommKind::PP, Collective::AllReduce,
                  GroupKind::EMB, static_cast<double>(m_.vocab * m_.hidden) / t_ * shape_.grad_bytes_per_param);
     if (!sp_.ops.empty() && std::string(sp_.ops.back().name) == "embedding_grad_allreduce")

@@ -345,13 +345,11 @@ std::optional<Experiment> compose(const YAML::Node& model, const YAML::Node& tra
   YAML::Emitter em;
   em << root;
   try {
-    return parse_experiment(em.c_str(), p.file(), {}, base_dir);
+    // Placeholder-layout problems belong to the layouts (each row reports its own), not to
+    // this file: the cluster is kept.
+    return parse_experiment(em.c_str(), p.file(), {}, base_dir, fixed ? "" : "layout.");
   } catch (const InputError& e) {
-    for (const auto& line : e.problems()) {
-      // Placeholder-layout problems belong to the layouts, not to this file.
-      if (!fixed && line.find("layout.") != std::string::npos) continue;
-      p.add_raw(rename_cluster(line, where));
-    }
+    for (const auto& line : e.problems()) p.add_raw(rename_cluster(line, where));
     return std::nullopt;
   }
 }

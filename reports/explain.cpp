@@ -558,6 +558,27 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
                           tr.moe_token_dispatcher, held);
       }
     }
+    if (tr.overlap_moe_expert_parallel_comm) {
+      // Combined forward-backward passes (models/combined_1f1b.hpp): the plan's paired steps.
+      const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+      const sched::Dims dims = sched::dims_of(l, tr, tr.accumulation(l));
+      const auto order = sch.order(dims);
+      int64_t pairs = 0, steps = 0;
+      for (const sched::Step& st : order.front()) {
+        pairs += st.paired ? 1 : 0;
+        steps += st.pass == sched::Pass::F ? 1 : 0;
+      }
+      os << fmt::format(
+          "    overlap   training.overlap_moe_expert_parallel_comm: {} of stage 0's {} forwards run merged with a\n"
+          "              backward of another micro-batch (Megatron-Core's combined 1F1B / DualPipe's overlapped\n"
+          "              chunks): per layer pair the combine's backward travels beside the forward's attention, the\n"
+          "              dispatch beside the backward's experts, the dispatch's backward beside the forward's experts\n"
+          "              and the combine beside the backward's attention{}\n",
+          pairs, steps,
+          l.schedule == Schedule::dualpipe || l.schedule == Schedule::dualpipev
+              ? ""
+              : ";\n              one more warm-up forward makes each pair's micro-batches independent (one more held)");
+    }
     os << fmt::format("    load      busiest EP rank at {:.3f} x the mean tokens (model.moe.load_balancing={}{}): it sets the\n"
                       "              grouped GEMM and AllToAll time of every rank of its group\n",
                       tk.load, to_string(m.moe.balance),
@@ -613,9 +634,13 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
       holds += fmt::format(" as {} chunks of {} (stage 0: layers {})", l.vp, chunk, stage0);
     }
     if (l.pp > 1)
-      holds += m.tied_embeddings ? "; embedding on stage 0, LM head + loss on the last, the tied word embedding on both "
-                                   "(its gradient summed between them)"
-                                 : "; embedding on stage 0, LM head + loss on the last";
+      holds += loss_stage_embeds(m) ? "; embedding on stage 0, LM head + loss on the last, the word embedding on both "
+                                      "(tied or for MTP; its gradient summed between them)"
+                                    : "; embedding on stage 0, LM head + loss on the last";
+    if (m.mtp_layers > 0)
+      holds += fmt::format("; with the loss {} multi-token prediction depth(s) (entry, one layer of the last layer's "
+                           "kind, the shared LM head)",
+                           m.mtp_layers);
     holds += fmt::format("; schedule {}", to_string(l.schedule));
     if (l.pp > 1) holds += " (order: " + schedule_order_excerpt(l, tr, tr.accumulation(l)) + ")";
     dim_block("PP", l.pp, "layers", holds, GroupKind::PP);
@@ -808,8 +833,13 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
       std::vector<std::string> vals;
       for (double p : params) vals.push_back(count_text(p));
       row("P (parameters / rank)", vals,
-          fmt::format("L/p layers x per-layer params / t; + embedding V h / t on stage 0; + LM head on the last stage{}",
-                      m.tied_embeddings && l.pp > 1 ? " (Megatron's copy of the tied embedding)" : ""));
+          fmt::format("L/p layers x per-layer params / t; + embedding V h / t on stage 0; + LM head on the last stage{}{}",
+                      m.tied_embeddings && l.pp > 1 ? " (Megatron's copy of the tied embedding)" : "",
+                      m.mtp_layers > 0 ? fmt::format("; + {} MTP depth(s) there: a layer each, eh_proj 2h h / t, 3 norms{}",
+                                                     m.mtp_layers,
+                                                     !m.tied_embeddings && l.pp > 1 ? ", Megatron's copy of the embedding"
+                                                                                    : "")
+                                       : std::string()));
     }
     auto mb_of = [&](size_t i) { return mem[static_cast<size_t>(cols[i])]; };
     bytes_row("params", [&](size_t i) { return mb_of(i).params_bytes; },

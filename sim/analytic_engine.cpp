@@ -134,6 +134,12 @@ struct AnalyticEngine::Shape {
     std::array<double, kCommKinds> total{}, exposed{};
   };
   Seg emb_f, head_f, head_b, emb_b;
+  /// One multi-token prediction depth (model.mtp_layers), forward and backward: its entry,
+  /// its layer (of the last layer's kind, mtp_kind) and its head, from the proxy of that
+  /// kind built with one depth. The stage sums count its layer with the layers
+  /// (stage_layer_kinds), so estimate_impl adds mtp_layers x (these - that kind's layer).
+  Seg mtp_f, mtp_b;
+  int mtp_kind = 0;
   /// One layer of each kind (models/blocks/layer_kind.hpp: dense / MoE x full / local
   /// attention), from its own one-layer proxy; `present` for the kinds the model has.
   struct Layer {
@@ -222,6 +228,8 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     // collective times come from the real cluster above).
     Experiment px = base_;
     px.model.layers = 1;
+    // One MTP depth in the proxy of the MTP layers' kind (its ops carry layer index 1).
+    px.model.mtp_layers = base_.model.mtp_layers > 0 && kind == blocks::layer_kind(base_.model, base_.model.layers) ? 1 : 0;
     if (px.model.moe.enabled()) {
       px.model.moe.first_k_dense = 0;
       px.model.moe.layer_freq = 1;
@@ -252,11 +260,13 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     ly.present = true;
     // LFB: the layer's forward merged with its backward as one layer of a combined
     // forward-backward pass (models/combined_1f1b.hpp), appended after the proxy's own ops.
-    enum Where { EF, LF, HF, HB, LB, EB, LFB, OPT };
-    Shape::Seg edge_scratch[4];
+    enum Where { EF, LF, HF, HB, LB, EB, LFB, MF, MB, OPT };
+    Shape::Seg edge_scratch[6];
     Shape::Seg* segs[] = {edges_done ? &edge_scratch[0] : &sh->emb_f, &ly.f, edges_done ? &edge_scratch[1] : &sh->head_f,
                           edges_done ? &edge_scratch[2] : &sh->head_b, &ly.b, edges_done ? &edge_scratch[3] : &sh->emb_b,
-                          &ly.fb, nullptr};
+                          &ly.fb, px.model.mtp_layers > 0 ? &sh->mtp_f : &edge_scratch[4],
+                          px.model.mtp_layers > 0 ? &sh->mtp_b : &edge_scratch[5], nullptr};
+    if (px.model.mtp_layers > 0) sh->mtp_kind = kind;
     std::vector<Op> ops = st.ops;
     std::vector<Where> where(ops.size());
     size_t done_size = 1;  // issue handles of the ops
@@ -267,6 +277,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
         const Op& op = ops[i];
         Where w;
         if (op.phase == Phase::optimizer) w = OPT;
+        else if (op.layer >= px.model.layers) w = op.phase == Phase::forward ? MF : MB;  // the MTP depth
         else if (op.layer >= 0 && op.phase == Phase::forward) w = LF, seen_fwd = true;
         else if (op.layer >= 0) w = LB, seen_bwd = true;
         else if (!seen_fwd) w = EF;
@@ -460,6 +471,26 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     ly.params = {lay.parameters_per_tp_rank(base_.model, l.tp),
                  lay.parameters(base_.model).expert_weights / d(l.ep * etp)};
   }
+  // The MTP depths (model.mtp_layers) on the rank holding the loss: their layers count with
+  // the stage's layers (stage_layer_kinds), their entries and heads with the head segments.
+  if (base_.model.mtp_layers > 0) {
+    const double n = d(base_.model.mtp_layers);
+    const Shape::Layer& L = sh->layer[static_cast<size_t>(sh->mtp_kind)];
+    auto fold = [n](Shape::Seg& into, const Shape::Seg& depth, const Shape::Seg& layer) {
+      into.time += n * (depth.time - layer.time);
+      into.compute += n * (depth.compute - layer.compute);
+      into.host += n * (depth.host - layer.host);
+      into.dispatch += n * (depth.dispatch - layer.dispatch);
+      into.host_cold += n * (depth.host_cold - layer.host_cold);
+      for (int k = 0; k < kCommKinds; ++k) {
+        into.total[static_cast<size_t>(k)] += n * (depth.total[static_cast<size_t>(k)] - layer.total[static_cast<size_t>(k)]);
+        into.exposed[static_cast<size_t>(k)] +=
+            n * (depth.exposed[static_cast<size_t>(k)] - layer.exposed[static_cast<size_t>(k)]);
+      }
+    };
+    fold(sh->head_f, sh->mtp_f, L.f);
+    fold(sh->head_b, sh->mtp_b, L.b);
+  }
   // Without host synchronisations the host's lead carries across segments (a backward's
   // surplus pays for the next forward's deficit): the segments keep their GPU time and the
   // stage pools their host deficits (estimate_impl).
@@ -470,6 +501,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     };
     for (Shape::Seg* g : {&sh->emb_f, &sh->head_f, &sh->head_b, &sh->emb_b}) gpu_only(*g);
     for (auto& ly : sh->layer) gpu_only(ly.f), gpu_only(ly.b), gpu_only(ly.fb);
+    gpu_only(sh->mtp_f), gpu_only(sh->mtp_b);
   }
   // Pipeline messages (Megatron scatter/gather: 1/t of the activation, plan.cpp p2p).
   const double act = 2.0 * d(mb) * d(base_.training.seq_len / l.cp) * d(base_.model.hidden);
@@ -584,7 +616,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layer_params_of(s);
     double head = 0;
     if (first && last)
-      head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp));
+      head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp)) +
+             mtp_entry_parameters_per_rank(model, l.tp);
     else if (last)
       head = rest;
     return std::pair<double, double>{rest - head, head};  // {embedding, head}
@@ -687,7 +720,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     for (int64_t s = 0; s < p; ++s)
       for (int64_t c = 0; c < sch.chunks(dims); ++c) {
         const VirtualStage vs = virtual_stage(model.layers, l, sch.virtual_stage(dims, s, c));
-        const auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
+        auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
+        if (vs.loss && model.mtp_layers > 0) nk[static_cast<size_t>(sh.mtp_kind)] += model.mtp_layers;  // MTP depths
         const bool recv_fwd = !sch.first(dims, s, c), recv_bwd = !sch.last(dims, s, c);
         sched::ChunkCosts cc;
         cc.f = over(nk, [&](int k) { return K_(k).lf; }) + (vs.embedding ? sh.emb_f.time : 0.0) + (vs.loss ? sh.head_f.time : 0.0) + (recv_fwd ? ptag : 0.0) +
@@ -763,7 +797,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // their copies' gradients, blocking, after the DP sync and before the optimizer (PP
   // communication, models/result.hpp CommStats); the earlier of the two waits for the other
   // (bubble). One AllReduce over the 2 ranks of the embedding group, (p - 1) stages apart.
-  const double emb_ar = model.tied_embeddings && p > 1 && !sch.params_twice() && is_first(0) != is_last(0)
+  const double emb_ar = loss_stage_embeds(model) && p > 1 && !sch.params_twice() && is_first(0) != is_last(0)
                             ? comm.collective(Collective::AllReduce, 2, (p - 1) * stage_size,
                                               d(model.vocab) * d(model.hidden) / d(l.tp) * grad_bytes)
                             : 0.0;

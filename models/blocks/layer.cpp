@@ -11,6 +11,7 @@
 #include "models/blocks/mla.hpp"
 #include "models/blocks/mlp.hpp"
 #include "models/blocks/moe.hpp"
+#include "models/blocks/mtp.hpp"
 #include "models/blocks/norm.hpp"
 
 namespace dtsim::blocks {
@@ -160,13 +161,15 @@ std::array<int64_t, kLayerKinds> layer_kind_counts(const ModelSpec& m, int64_t f
   return n;
 }
 
-ModelBlocks::ModelBlocks(const ModelSpec& m) : moe_(m.moe), attention_(m.attention), mla_(m.mla.enabled()) {}
+ModelBlocks::ModelBlocks(const ModelSpec& m)
+    : moe_(m.moe), attention_(m.attention), mla_(m.mla.enabled()), layers_(m.layers) {}
 
 namespace {
 /// The process-wide blocks: built on first use (thread-safe static initialisation), read-only.
 struct SharedBlocks {
   EmbeddingBlock embedding;
   LmHeadBlock head;
+  MtpEntryBlock mtp_entry;
   std::array<std::unique_ptr<Layer>, kLayerKinds> kinds;
   SharedBlocks() {
     const ModelSpec m;  // layer_spec reads no width: a kind's block list is the same for every model
@@ -182,5 +185,6 @@ const SharedBlocks& shared_blocks() {
 const Layer& ModelBlocks::kind(int k) const { return *shared_blocks().kinds.at(static_cast<size_t>(k)); }
 const Block& ModelBlocks::embedding() const { return shared_blocks().embedding; }
 const Block& ModelBlocks::head() const { return shared_blocks().head; }
+const Block& ModelBlocks::mtp_entry() const { return shared_blocks().mtp_entry; }
 
 }  // namespace dtsim::blocks

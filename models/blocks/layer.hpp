@@ -108,12 +108,17 @@ struct RankParams {
 class ModelBlocks {
  public:
   explicit ModelBlocks(const ModelSpec& m);
-  /// The block list of global layer `index` (its layer_kind).
-  const Layer& layer(int64_t index) const { return kind(layer_kind(moe_, attention_, mla_, index)); }
+  /// The block list of global layer `index` (its layer_kind; an MTP layer, index >=
+  /// model.layers, the last layer's).
+  const Layer& layer(int64_t index) const {
+    return kind(layer_kind(moe_, attention_, mla_, kind_source_layer(layers_, index)));
+  }
   /// The block list of a layer kind (0 <= k < kLayerKinds).
   const Layer& kind(int k) const;
   const Block& embedding() const;
   const Block& head() const;
+  /// The entry of a multi-token prediction depth (models/blocks/mtp.hpp).
+  const Block& mtp_entry() const;
 
  private:
   // What picks a layer's kind (layer_kind); the rest of the ModelSpec is read by the blocks
@@ -121,6 +126,7 @@ class ModelBlocks {
   MoeSpec moe_;
   AttentionWindow attention_;
   bool mla_ = false;
+  int64_t layers_ = 0;  // decoder layers (model.layers)
   // Blocks hold no per-model state (block.hpp), so the embedding, the head and the block list
   // of each layer kind are built once per process and shared (layer.cpp).
 };

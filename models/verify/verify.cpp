@@ -312,6 +312,9 @@ void check_modelled(const Experiment& e) {
   if (m.moe.enabled() && m.moe.capacity_factor > 0)
     throw InputError(e.source + ": model.moe.capacity_factor: dtsim verify does not execute capacity factor (token "
                      "drop); verify the dropless layout (capacity_factor 0)");
+  if (m.mtp_layers > 0)
+    throw InputError(e.source + ": model.mtp_layers: dtsim verify does not execute multi-token prediction depths; "
+                     "verify the layout with model.mtp_layers 0 (--set model.mtp_layers=0)");
   if (m.moe.enabled() && m.activation != Activation::swiglu)
     throw InputError(e.source + ": model.moe: dtsim verify executes mixture-of-experts models with activation swiglu "
                      "only (the routed and shared experts are SwiGLU)");

@@ -18,6 +18,7 @@
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
 #include "sim/analytic_engine.hpp"
+#include "reports/explain.hpp"
 #include "sim/engine.hpp"
 
 namespace dtsim {
@@ -264,6 +265,16 @@ TEST(Combined1F1B, MemoryHoldsTheExtraWarmupMicroBatch) {
     EXPECT_EQ(b.inflight, a.inflight + 1) << s;
     EXPECT_GT(stage_memory(on, s).peak_bytes, stage_memory(off, s).peak_bytes) << s;
   }
+}
+
+TEST(Combined1F1B, ExplainShowsThePairs) {
+  const Experiment e =
+      parse_experiment(moe_yaml("  dp: 16\n  tp: 1\n  pp: 4\n  vp: 2\n  schedule: interleaved\n  ep: 8\n", kOn), "on.yaml");
+  const std::string text = format_explain(e, build_step_plan(e));
+  // Stage 0: warm-up (4 - 0 - 1) * 2 + (2 - 1) * 4 + 1 = 11 forwards (F0-F3, F0'-F3', F4-F6),
+  // then F7 merged with BW0 of chunk 1; 8 micro-batches x 2 chunks - 11 = 5 pairs.
+  EXPECT_NE(text.find("F6 F7+BW0' F4'"), std::string::npos) << text;
+  EXPECT_NE(text.find("training.overlap_moe_expert_parallel_comm: 5 of stage 0's 16 forwards"), std::string::npos);
 }
 
 TEST(Combined1F1B, MegatronsConstraintsAreInputErrors) {

@@ -251,7 +251,7 @@ TEST(PipelineSplit, PipelineLayoutErrorsNameTheKeyAndTheConstraint) {
   has(err("Et|tt|tL", 4, 2, 1), "3 virtual stages, but layout.pp*vp=2*1 = 2 are needed");
   has(err("Et|tt|tt|tL", 6, 2, 1), "set layout.vp=2");
   has(err("Et|tt|tL", 6, 3, 1), "holds 4 transformer layers (t), model.layers=6");
-  has(err("Et*3|(tt|)*29,m|L", 61, 4, 8), "'m' (a multi-token-prediction layer) is not modelled yet");
+  has(err("Et*3|(tt|)*29,m|L", 61, 4, 8), "'m' (a multi-token-prediction layer): dtsim places the model.mtp_layers depths with the loss");
   has(err("E((t)*2|)*2|L", 4, 2, 2), "nested parentheses");
   has(err("E|(tt|)tt|L", 4, 4, 1), "must be followed by *n");
   has(err("E|(tt|*2|L", 4, 2, 1), "is not closed");

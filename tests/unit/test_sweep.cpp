@@ -227,6 +227,43 @@ TEST(SweepEnumerate, ExpertParallelDimensions) {
   }
 }
 
+// A training option whose constraints involve the layout (overlap_moe_expert_parallel_comm
+// needs ep > 1) keeps the cluster: each layout reports its own problem. (The placeholder
+// layout the cluster is composed on used to fail it, and the cluster was dropped without a
+// word: zero layouts.)
+TEST(SweepEnumerate, LayoutConstraintsOfTrainingOptionsStayWithTheLayouts) {
+  const std::string text =
+      "model: {name: m, layers: 4, hidden: 1024, heads: 16, kv_heads: 16, ffn_hidden: 4096, activation: swiglu,\n"
+      "        vocab: 8192, tied_embeddings: false, norm: rmsnorm, position: rope,\n"
+      "        moe: {num_experts: 8, router_topk: 2, moe_ffn_hidden: 1024}}\n"
+      "training: {seq_len: 512, global_batch: 64, overlap_moe_expert_parallel_comm: true}\n"
+      "clusters: [{node: dgx-h100, nodes: 2}]\n"
+      "space: {tp: 1, pp: 1, ep: [1, 8], micro_batch: 1}\n";
+  const SweepSpec s = parse_sweep_spec(text, "moe.yaml", SpecKind::sweep);
+  ASSERT_EQ(s.clusters.size(), 1u);
+  const auto pts = sweep::enumerate_layouts(s);
+  ASSERT_EQ(pts.size(), 2u);
+  sweep::Evaluator ev(s);
+  for (const auto& p : pts) {
+    const SweepRow r = ev.analytic(p);
+    if (p.layout.ep == 1) {
+      EXPECT_EQ(r.status, "invalid");
+      EXPECT_NE(r.reason.find("overlap_moe_expert_parallel_comm needs layout.ep > 1"), std::string::npos) << r.reason;
+    } else {
+      EXPECT_TRUE(r.valid()) << r.reason;
+    }
+  }
+  // A problem of the training section itself still fails the file.
+  try {
+    std::string bad = text;
+    bad.replace(bad.find("global_batch: 64"), 16, "global_batch: -1");
+    parse_sweep_spec(bad, "bad.yaml", SpecKind::sweep);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("global_batch"), std::string::npos) << e.what();
+  }
+}
+
 // ---- journal: kill, resume, shards ----
 
 sweep::RunOptions quiet(const fs::path& out) {

@@ -27,6 +27,7 @@
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
+#include "models/pipeline_split.hpp"
 #include "models/memory.hpp"
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
@@ -156,10 +157,12 @@ void check(const Experiment& e, const std::string& what, Tally& tally) {
 
     const bool params_sharded = near(mb.params_bytes, shard * bpp.params);
     EXPECT_TRUE(params_sharded || near(mb.params_bytes, params * bpp.params));
+    // The stage's layers, and on the rank holding the loss its MTP depths' layers.
+    const int64_t gathered = st.layers + (rank_split(e.model.layers, l, static_cast<int64_t>(s)).loss ? e.model.mtp_layers : 0);
     const bool gathers_every_mb =
-        st.layers > 0 &&
-        std::all_of(c.fwd_gathers.begin(), c.fwd_gathers.end(), [&](int k) { return k == st.layers; }) &&
-        std::all_of(c.bwd_gathers.begin(), c.bwd_gathers.end(), [&](int k) { return k == st.layers; });
+        gathered > 0 &&
+        std::all_of(c.fwd_gathers.begin(), c.fwd_gathers.end(), [&](int k) { return k == gathered; }) &&
+        std::all_of(c.bwd_gathers.begin(), c.bwd_gathers.end(), [&](int k) { return k == gathered; });
     EXPECT_EQ(params_sharded, gathers_every_mb)
         << "parameter sharding in memory vs per-layer gathers in every micro-batch's forward and backward";
   }
