@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/experiment_io.hpp"
+#include "models/flops.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
 #include "reports/explain.hpp"
@@ -233,14 +234,15 @@ inline void check_experiment(const Experiment& e, const std::string& what, bool 
         EXPECT_EQ(op.kind, CommKind::PP) << op.name;
         EXPECT_TRUE(sp.stage == 0 || sp.stage == p - 1) << op.name;
       }
-  // A copy of the tied word embedding exists where a stage holds the head without the
-  // embedding (not where one rank holds both: DualPipe's first and last, DualPipeV's first).
+  // A copy of the word embedding (tied, or for MTP: loss_stage_embeds) exists where a stage
+  // holds the head without the embedding (not where one rank holds both: DualPipe's first and
+  // last, DualPipeV's first).
   bool head_copy = false;
   for (int64_t s = 0; s < p; ++s) {
     const RankSplit rs = rank_split(e.model.layers, e.layout, s);
     head_copy = head_copy || (rs.loss && !rs.embedding);
   }
-  EXPECT_EQ(tied_ar, e.model.tied_embeddings && head_copy);
+  EXPECT_EQ(tied_ar, loss_stage_embeds(e.model) && head_copy);
   for (const auto& row : explain_comm_rows(plan))
     if (row.group == GroupKind::EMB) {
       EXPECT_EQ(row.dimension, "PP") << row.op;

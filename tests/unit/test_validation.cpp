@@ -3,7 +3,7 @@
 //  - every published experiment shipped in experiments/: the project's target (issue 5,
 //    `dtsim validate`'s defaults), MAPE <= 15% and every row within 30%. Measured when
 //    this test was written: MAPE 11.7% over 25 rows, worst row +28.7% (Megatron-Core's
-//    GPT 1.7B on 48 H100); with the shipped kernel tables MAPE 10.0% over 30 rows, the
+//    GPT 1.7B on 48 H100); with the shipped kernel tables MAPE 10.0% over 30 rows (13.8% over 35 with the MegaScale-MoE baseline series, a known gap), the
 //    dense 25 at 8.4%, worst dense row +25.7% (the same GPT 1.7B). MoE rows (issue 16) count in the MAPE; the rows of kKnownGaps may
 //    reach 50% each, listed with why (a gap of the model, not a tolerance to grow).
 // No constant is fitted to any row: efficiencies belong to the GPU, the kernel kind or the
@@ -52,11 +52,17 @@ TEST(Validation, Gpt3OnSixtyFourA100WithinTwentyFivePercent) {
 // experts (128 x 1536, 16 per rank, ~512 rows per expert per micro-batch) on TP4 attention: the
 // grouped-GEMM efficiency at small rows and the permute / unpermute and router kernels are not
 // yet modelled from measurements.
-const std::vector<std::string> kKnownGaps = {"modelzoo-qwen3-235b-a22b-tp4-pp8-ep8"};
+// MegaScale-MoE's Megatron-LM baseline (arXiv 2505.11432 Table 3; 352B, TP8 ETP8 EP1 PP15 on
+// 240-1440 H800): dtsim is 34-39% faster on every row of the strong-scaling series (24.37 vs
+// 39.94 s on 240 GPUs, 5.22 vs 7.90 s on 1440), measured when added. The baseline's
+// micro-batch, recomputation, optimizer sharding and token dispatcher are not published
+// (Megatron's defaults assumed; full recomputation would give 33.6 s on 240 GPUs, but nothing
+// says it ran, and it fits without); expert TP 8 slices each of the 32 experts to 1792 columns.
+const std::vector<std::string> kKnownGaps = {"modelzoo-qwen3-235b-a22b-tp4-pp8-ep8", "megascale-moe-352b-megatron-"};
 
 TEST(Validation, PublishedRunsWithinTolerance) {
   const auto rep = validate_experiments({kRoot + "/experiments"});
-  ASSERT_GE(rep.rows.size(), 30u);
+  ASSERT_GE(rep.rows.size(), 35u);
   std::cout << format_validation(rep);
   EXPECT_LE(rep.mape_pct, 15.0);
   for (const auto& row : rep.rows) {
