@@ -277,7 +277,7 @@ std::array<int64_t, blocks::kLayerKinds> stage_layer_kinds(const ModelSpec& m, c
     const auto k = blocks::layer_kind_counts(m, vs.first_layer, vs.layers);
     for (size_t i = 0; i < n.size(); ++i) n[i] += k[i];
   }
-  n[static_cast<size_t>(blocks::layer_kind(m, m.layers))] += mtp_layers_on(m, rs);
+  if (const int64_t mtp = mtp_layers_on(m, rs); mtp > 0) n[static_cast<size_t>(blocks::layer_kind(m, m.layers))] += mtp;
   return n;
 }
 

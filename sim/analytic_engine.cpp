@@ -707,7 +707,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   };
   auto fb_save = [&](int k) { return merged(k, [](const Shape::Seg& g) { return g.time; }); };
   double t_pipe;
-  if (p == 1) t_pipe = d(m) * w_sum - pair_share.front() * stage_sum(0, fb_save);
+  if (p == 1) t_pipe = d(m) * w_sum - (combined ? pair_share.front() * stage_sum(0, fb_save) : 0.0);
   else if (v > 1) t_pipe = d(m) * w_max + d(p - 1) / d(v) * w_mean + 2.0 * d(p - 1) * t_p2p;
   else t_pipe = w_sum + d(m - 1) * w_max + 2.0 * d(p - 1) * t_p2p;
   // Schedules without a closed form here (zero-bubble, DualPipe): time the schedule's own
@@ -936,13 +936,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       if (first) per_mb += lost(sh.emb_f) + lost(sh.emb_b);
       if (last) per_mb += lost(sh.head_f) + lost(sh.head_b);
       const double pairs = pair_share[static_cast<size_t>(s)];  // merged layers: their own figures
-      sd.slowdown_s = m_rank * per_mb - pairs * stage_sum(s, [&](int k) { return merged(k, lost); }) + stretch;
+      sd.slowdown_s = m_rank * per_mb - (pairs > 0 ? pairs * stage_sum(s, [&](int k) { return merged(k, lost); }) : 0.0) +
+                      stretch;
       // Host-bound time (models/host_dispatch.hpp), the segments' own.
       double host = stage_sum(s, [&](int k) { return L_(k).f.host + L_(k).b.host; });
       if (first) host += sh.emb_f.host + sh.emb_b.host;
       if (last) host += sh.head_f.host + sh.head_b.host;
-      sd.host_bound_s = m_rank * (host + host_steady[static_cast<size_t>(s)]) + (s == 0 ? host_startup.front() : 0.0) -
-                        pairs * stage_sum(s, [&](int k) { return merged(k, [](const Shape::Seg& g) { return g.host; }); });
+      sd.host_bound_s = m_rank * (host + host_steady[static_cast<size_t>(s)]) + (s == 0 ? host_startup.front() : 0.0);
+      if (pairs > 0)
+        sd.host_bound_s -= pairs * stage_sum(s, [&](int k) { return merged(k, [](const Shape::Seg& g) { return g.host; }); });
     }
     for (int k : {kTP, kCP, kEP}) {
       const auto kk = static_cast<size_t>(k);
@@ -961,9 +963,11 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         exp += (recv_f + recv_b) * ptag;
       }
       sd.total[static_cast<size_t>(k)] = m_rank * tot;
-      sd.exposed[static_cast<size_t>(k)] =
-          m_rank * exp - pair_share[static_cast<size_t>(s)] *
-                             stage_sum(s, [&](int x) { return merged(x, [&](const Shape::Seg& g) { return g.exposed[kk]; }); });
+      sd.exposed[static_cast<size_t>(k)] = m_rank * exp;
+      if (pair_share[static_cast<size_t>(s)] > 0)
+        sd.exposed[static_cast<size_t>(k)] -=
+            pair_share[static_cast<size_t>(s)] *
+            stage_sum(s, [&](int x) { return merged(x, [&](const Shape::Seg& g) { return g.exposed[kk]; }); });
     }
     if (p > 1) {
       // Every message counts at both ends (sender and receiver): its receives and as many
