@@ -14,7 +14,9 @@
 //          read, harmless or an error: models/hf_config_keys.hpp, read by
 //          models/hf_config_read.cpp; model_type llama, mistral, qwen2, qwen3, mixtral,
 //          qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, llama4,
-//          llama4_text, gpt2, gpt_neox)
+//          llama4_text, gpt2, gpt_neox), head_dim, mtp_layers (0; multi-token prediction
+//          depths run with the loss, models/blocks/mtp.hpp), moe {...} / mla {...} /
+//          attention {...} (models/moe_checks.hpp checks them; Megatron-Core's names)
 //   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
 //          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count,
 //          attention_efficiency, profile, kernel_tables (none|a100_sxm|h100_sxm|h200_sxm|
