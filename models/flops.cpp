@@ -34,6 +34,24 @@ double ForwardFlops::total() const {
          expert_gate + expert_down + shared_up + shared_gate + shared_down + mtp_eh_proj;
 }
 
+void ForwardFlops::add(const ForwardFlops& f, double n) {
+  qkv += n * f.qkv;
+  attention_scores += n * f.attention_scores;
+  attention_values += n * f.attention_values;
+  out_proj += n * f.out_proj;
+  mlp_up += n * f.mlp_up;
+  mlp_gate += n * f.mlp_gate;
+  mlp_down += n * f.mlp_down;
+  router += n * f.router;
+  expert_up += n * f.expert_up;
+  expert_gate += n * f.expert_gate;
+  expert_down += n * f.expert_down;
+  shared_up += n * f.shared_up;
+  shared_gate += n * f.shared_gate;
+  shared_down += n * f.shared_down;
+  mtp_eh_proj += n * f.mtp_eh_proj;
+}
+
 ForwardFlops layer_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t s_kv) {
   check_model(m);
   check_non_negative(b, "b");
@@ -74,21 +92,7 @@ ForwardFlops layers_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int6
   for (int k = 0; k < blocks::kLayerKinds; ++k) {
     const double n = d(kinds[static_cast<size_t>(k)]);
     if (n == 0) continue;
-    const ForwardFlops f = mb.kind(k).forward_flops(m, d(b) * d(s), d(s_kv));
-    sum.qkv += n * f.qkv;
-    sum.attention_scores += n * f.attention_scores;
-    sum.attention_values += n * f.attention_values;
-    sum.out_proj += n * f.out_proj;
-    sum.mlp_up += n * f.mlp_up;
-    sum.mlp_gate += n * f.mlp_gate;
-    sum.mlp_down += n * f.mlp_down;
-    sum.router += n * f.router;
-    sum.expert_up += n * f.expert_up;
-    sum.expert_gate += n * f.expert_gate;
-    sum.expert_down += n * f.expert_down;
-    sum.shared_up += n * f.shared_up;
-    sum.shared_gate += n * f.shared_gate;
-    sum.shared_down += n * f.shared_down;
+    sum.add(mb.kind(k).forward_flops(m, d(b) * d(s), d(s_kv)), n);
   }
   return sum;
 }
@@ -97,14 +101,10 @@ ForwardFlops mtp_forward_flops(const ModelSpec& m, int64_t b, int64_t s, int64_t
   ForwardFlops out;
   if (m.mtp_layers <= 0) return out;
   const blocks::ModelBlocks mb(m);
-  const double n = d(m.mtp_layers);
   ForwardFlops one = mb.layer(m.layers).forward_flops(m, d(b) * d(s), d(s_kv));
   mb.mtp_entry().forward_flops(m, d(b) * d(s), d(s_kv), one);
-  for (double* x : {&one.qkv, &one.attention_scores, &one.attention_values, &one.out_proj, &one.mlp_up, &one.mlp_gate,
-                    &one.mlp_down, &one.router, &one.expert_up, &one.expert_gate, &one.expert_down, &one.shared_up,
-                    &one.shared_gate, &one.shared_down, &one.mtp_eh_proj})
-    *x *= n;
-  return one;
+  out.add(one, d(m.mtp_layers));
+  return out;
 }
 
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch, int64_t seq) {

@@ -48,6 +48,8 @@ struct ForwardFlops {
   // Multi-token prediction depth entry (models/blocks/mtp.hpp), not part of a layer:
   double mtp_eh_proj = 0;       // 2 b s (2h) h
   double total() const;
+  /// Adds n x every term of `f` (n layers alike).
+  void add(const ForwardFlops& f, double n);
 };
 
 /// Forward FLOPs of one layer for b sequences of s query tokens each, attending to s_kv

@@ -199,6 +199,12 @@ class Builder {
     (void)ph;  // always Phase::recompute: the forward runs the core inside layer_forward
     captured([&] { blocks_.layer(layer).selective_recompute(ctx(), layer, mb); });
   }
+  /// What layout.recompute runs again before a layer's backward: the whole layer (full) or
+  /// its attention core (selective).
+  void recompute_layer(int layer, int mb) {
+    if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
+    if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+  }
   /// training.cuda_graphs = layers: the ops `emit` appends (one layer's forward, backward or
   /// recompute) are one CUDA graph (Op::graph), as Megatron-Core's per-layer graphs capture
   /// a TransformerLayer's forward and its backward separately
@@ -433,11 +439,8 @@ class Builder {
         wait_gather(gather, layer, mb, Phase::backward);
         // Full recomputation checkpoints the whole depth, entry and layer (Megatron-Core
         // multi_token_prediction.py _checkpointed_forward); its head is outside it.
-        if (l_.recompute == Recompute::full) {
-          blocks_.mtp_entry().forward(ctx(), layer, mb, Phase::recompute);
-          layer_forward(layer, mb, Phase::recompute);
-        }
-        if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+        if (l_.recompute == Recompute::full) blocks_.mtp_entry().forward(ctx(), layer, mb, Phase::recompute);
+        recompute_layer(layer, mb);
       }
       layer_backward(layer, mb, part);
       blocks_.mtp_entry().backward(ctx(), layer, mb, part);
@@ -481,8 +484,7 @@ class Builder {
       const int cur = next;
       next = i > 0 ? zero3_gather(layer - 1, mb, Phase::backward) : -1;
       wait_gather(cur, layer, mb, Phase::backward);
-      if (l_.recompute == Recompute::full) layer_forward(layer, mb, Phase::recompute);
-      if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+      recompute_layer(layer, mb);
       layer_backward(layer, mb, part);
       if (fused) layer_grads_ready(layer, mb, sync);
     }
@@ -529,7 +531,7 @@ class Builder {
     };
     auto backward_layer = [&](int layer) {
       cur_chunk_ = cb;
-      if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, layer, mb);
+      recompute_layer(layer, mb);
       layer_backward(layer, mb, BackwardPart::full);
       layer_grads_ready(layer, mb, sync);
     };
@@ -538,9 +540,7 @@ class Builder {
       const int fl = static_cast<int>(fch.first_layer + i);
       const int bl = static_cast<int>(bch.first_layer + bch.layers - 1 - i);
       const std::vector<Op> fwd = take(cf, [&] { forward_layer(fl); });
-      const std::vector<Op> rec = take(cb, [&] {
-        if (l_.recompute == Recompute::selective) attention_core_forward(Phase::recompute, bl, mb);
-      });
+      const std::vector<Op> rec = take(cb, [&] { recompute_layer(bl, mb); });
       const std::vector<Op> bwd = take(cb, [&] { layer_backward(bl, mb, BackwardPart::full); });
       merge_forward_backward(sp_.ops, fwd, rec, bwd, sp_.handles);
       cur_chunk_ = cb;

@@ -1,15 +1,15 @@
 #include "models/blocks/mtp.hpp"
 
+#include "models/blocks/embedding.hpp"
 #include "models/blocks/norm.hpp"
 
 namespace dtsim::blocks {
 
 void MtpEntryBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double tok = c.b * c.s;
-  // The shared word embedding of the shifted tokens (EmbeddingBlock's lookup and TP sum).
-  c.compute("mtp_embedding", ph, layer, mb, KernelKind::memory, 0, kAct * 2.0 * tok * c.h);
-  c.collective(c.sp_on ? "tp_reducescatter" : "tp_allreduce", ph, layer, mb, CommKind::TP,
-               c.sp_on ? Collective::ReduceScatter : Collective::AllReduce, GroupKind::TP, kAct * tok * c.h);
+  // The shared word embedding of the shifted tokens: the model's embedding lookup and TP sum
+  // (MTP refuses learned positions, so it is the word embedding alone).
+  EmbeddingBlock().forward(c, layer, mb, ph);
   norm(c, "mtp_enorm", ph, layer, mb);
   norm(c, "mtp_hnorm", ph, layer, mb);
   // eh_proj: [tokens, 2h] x [2h, h / t], the concatenation all-gathered first with SP.
@@ -24,7 +24,7 @@ void MtpEntryBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const 
 void MtpEntryBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part) const {
   const Phase ph = Phase::backward;
   const double tok = c.b * c.s;
-  const bool in = part != BackwardPart::weight, wt = part != BackwardPart::input;
+  const bool in = part != BackwardPart::weight;
   const BlockContext::WeightPart w(c, part == BackwardPart::weight);
   // The output gather's backward keeps the rank's own columns (no communication).
   const double fl = 2.0 * tok * 2.0 * c.h * c.h / c.t;
@@ -36,11 +36,7 @@ void MtpEntryBlock::backward(BlockContext& c, int layer, int mb, BackwardPart pa
     norm(c, "mtp_hnorm_bwd", ph, layer, mb);
     norm(c, "mtp_enorm_bwd", ph, layer, mb);
   }
-  if (wt) {  // the embedding's scatter-add (EmbeddingBlock::backward)
-    if (c.sp_on)
-      c.collective("tp_allgather", ph, layer, mb, CommKind::TP, Collective::AllGather, GroupKind::TP, kAct * tok * c.h);
-    c.compute("mtp_embedding_bwd", ph, layer, mb, KernelKind::memory, 0, (kAct + 8.0) * tok * c.h);
-  }
+  EmbeddingBlock().backward(c, layer, mb, part);  // its scatter-add: a weight gradient only
 }
 
 BlockParams MtpEntryBlock::parameters(const ModelSpec& m) const {

@@ -127,62 +127,53 @@ OrderTiming time_order(const PipelineSchedule& s, const Dims& d, const std::vect
       const auto& o = order[static_cast<size_t>(r)];
       size_t& k = pos[static_cast<size_t>(r)];
       double& t = out.finish[static_cast<size_t>(r)];
+      // When step x of rank r may start on account of its inputs (NaN: not yet): an F after the
+      // previous virtual stage's F, a B / BW after the next one's B (or its own F on the last),
+      // plus p2p_s across ranks; a W after its own B.
+      auto inputs = [&](const Step& x) {
+        if (x.pass == Pass::F) {
+          const Place pr = s.prev(d, r, x.chunk, x.mb);
+          if (!pr.valid()) return 0.0;
+          return f_done[idx(pr.rank, pr.chunk, x.mb)] + (pr.rank == r ? 0.0 : p2p_s);
+        }
+        if (x.pass == Pass::W) return b_done[idx(r, x.chunk, x.mb)];
+        const Place nx = s.next(d, r, x.chunk, x.mb);
+        return nx.valid() ? b_done[idx(nx.rank, nx.chunk, x.mb)] + (nx.rank == r ? 0.0 : p2p_s)
+                          : f_done[idx(r, x.chunk, x.mb)];
+      };
+      auto cost_of = [&](const Step& x) {
+        const ChunkCosts& cc = costs[static_cast<size_t>(r)][static_cast<size_t>(x.chunk)];
+        return x.pass == Pass::F ? cc.f : x.pass == Pass::B ? cc.b : x.pass == Pass::W ? cc.w : cc.b + cc.w;
+      };
       while (k < o.size()) {
         const Step& st = o[k];
-        const ChunkCosts& cc = costs[static_cast<size_t>(r)][static_cast<size_t>(st.chunk)];
+        // A paired F runs with the BW after it as one combined pass: both inputs first, both
+        // outputs at its end, its cost less the smaller chunk saving.
+        const size_t n = st.paired ? 2 : 1;
+        if (st.paired && (k + 1 >= o.size() || o[k + 1].pass != Pass::BW))
+          throw std::logic_error(std::string("pipeline schedule ") + s.name() + " pairs an F with no BW after it");
         double ready = t, cost = 0;
-        if (st.paired) {  // F and the BW after it as one combined pass
-          if (k + 1 >= o.size() || o[k + 1].pass != Pass::BW)
-            throw std::logic_error(std::string("pipeline schedule ") + s.name() + " pairs an F with no BW after it");
-          const Step& bw = o[k + 1];
-          const ChunkCosts& cb = costs[static_cast<size_t>(r)][static_cast<size_t>(bw.chunk)];
-          const Place pr = s.prev(d, r, st.chunk, st.mb), nx = s.next(d, r, bw.chunk, bw.mb);
-          if (pr.valid()) {
-            const double up = f_done[idx(pr.rank, pr.chunk, st.mb)];
-            if (std::isnan(up)) break;
-            ready = std::max(ready, up + (pr.rank == r ? 0.0 : p2p_s));
-          }
-          const double dep = nx.valid() ? b_done[idx(nx.rank, nx.chunk, bw.mb)] : f_done[idx(r, bw.chunk, bw.mb)];
-          if (std::isnan(dep)) break;
-          ready = std::max(ready, dep + (nx.valid() && nx.rank != r ? p2p_s : 0.0));
-          cost = cc.f + cb.b + cb.w - std::min(cc.fb_save, cb.fb_save);
-          if (keep_starts) out.starts[static_cast<size_t>(r)][k] = out.starts[static_cast<size_t>(r)][k + 1] = ready;
-          t = ready + cost;
-          out.busy[static_cast<size_t>(r)] += cost;
-          f_done[idx(r, st.chunk, st.mb)] = t;
-          b_done[idx(r, bw.chunk, bw.mb)] = t;
-          k += 2;
-          remaining -= 2;
-          progress = true;
-          continue;
+        bool waiting = false;
+        for (size_t j = 0; j < n; ++j) {
+          const double in = inputs(o[k + j]);
+          if (std::isnan(in)) waiting = true;
+          ready = std::max(ready, in);
+          cost += cost_of(o[k + j]);
         }
-        if (st.pass == Pass::F) {
-          const Place pr = s.prev(d, r, st.chunk, st.mb);
-          if (pr.valid()) {
-            const double up = f_done[idx(pr.rank, pr.chunk, st.mb)];
-            if (std::isnan(up)) break;
-            ready = std::max(ready, up + (pr.rank == r ? 0.0 : p2p_s));
-          }
-          cost = cc.f;
-        } else if (st.pass == Pass::B || st.pass == Pass::BW) {
-          const Place nx = s.next(d, r, st.chunk, st.mb);
-          const double dep = nx.valid() ? b_done[idx(nx.rank, nx.chunk, st.mb)] : f_done[idx(r, st.chunk, st.mb)];
-          if (std::isnan(dep)) break;
-          ready = std::max(ready, dep + (nx.valid() && nx.rank != r ? p2p_s : 0.0));
-          cost = st.pass == Pass::B ? cc.b : cc.b + cc.w;
-        } else {  // W after its own B
-          const double own = b_done[idx(r, st.chunk, st.mb)];
-          if (std::isnan(own)) break;
-          ready = std::max(ready, own);
-          cost = cc.w;
-        }
-        if (keep_starts) out.starts[static_cast<size_t>(r)][k] = ready;
+        if (waiting) break;
+        if (st.paired)
+          cost -= std::min(costs[static_cast<size_t>(r)][static_cast<size_t>(st.chunk)].fb_save,
+                           costs[static_cast<size_t>(r)][static_cast<size_t>(o[k + 1].chunk)].fb_save);
         t = ready + cost;
         out.busy[static_cast<size_t>(r)] += cost;
-        if (st.pass == Pass::F) f_done[idx(r, st.chunk, st.mb)] = t;
-        else if (st.pass != Pass::W) b_done[idx(r, st.chunk, st.mb)] = t;
-        ++k;
-        --remaining;
+        for (size_t j = 0; j < n; ++j) {
+          const Step& x = o[k + j];
+          if (keep_starts) out.starts[static_cast<size_t>(r)][k + j] = ready;
+          if (x.pass == Pass::F) f_done[idx(r, x.chunk, x.mb)] = t;
+          else if (x.pass != Pass::W) b_done[idx(r, x.chunk, x.mb)] = t;
+        }
+        k += n;
+        remaining -= n;
         progress = true;
       }
     }
