@@ -144,6 +144,15 @@ struct GpuSpec {
   std::string name;
   double peak_bf16_flops = 0;  // dense tensor-core FLOP/s
   double peak_fp8_flops = 0;   // dense FLOP/s; 0 when the GPU has no FP8 tensor cores
+  /// Dense FP4 tensor-core FLOP/s (NVFP4 / MXFP4 inputs); 0 when the GPU has none (every
+  /// GPU before Blackwell). Read by training.precision nvfp4 (models/precision.hpp).
+  double peak_fp4_flops = 0;
+  /// The tensor cores take block-scaled (microscaling, OCP MX) operands natively: one scale
+  /// per 32 (MXFP8/MXFP4) or 16 (NVFP4) elements applied inside the MMA, at the FP8 / FP4
+  /// rate (Blackwell sm_100+, AMD CDNA4). false: block scales are applied outside the tensor
+  /// core (Hopper fp8-block, DeepSeek-V3's promotion to CUDA cores). training.precision mxfp8
+  /// and nvfp4 need it.
+  bool microscaling = false;
   double hbm_bytes = 0;        // capacity, bytes
   double hbm_bandwidth = 0;    // B/s
   /// Fraction of peak that dense GEMMs reach (cuBLAS) on full tiles and full waves;

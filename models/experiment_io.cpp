@@ -110,7 +110,7 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
        {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
         "collectives", "hbm_reserve", "host_dispatch"}},
       {"cluster.gpu",
-       {"preset", "name", "peak_bf16", "peak_fp8", "hbm", "hbm_bandwidth", "gemm_efficiency",
+       {"preset", "name", "peak_bf16", "peak_fp8", "peak_fp4", "microscaling", "hbm", "hbm_bandwidth", "gemm_efficiency",
         "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "profile", "kernel_tables",
         "sustained_ratio"}},
       {"cluster.nvlink", {"bandwidth", "latency", "efficiency", "nvls_efficiency"}},
@@ -616,6 +616,8 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   set_if(g.name, r.text("name"));
   set_if(g.peak_bf16_flops, r.quantity("peak_bf16", Quantity::flop_rate));
   set_if(g.peak_fp8_flops, r.quantity("peak_fp8", Quantity::flop_rate));
+  set_if(g.peak_fp4_flops, r.quantity("peak_fp4", Quantity::flop_rate));  // optional: 0 = no FP4 tensor cores
+  set_if(g.microscaling, r.boolean("microscaling"));                   // optional: false
   set_if(g.hbm_bytes, r.quantity("hbm", Quantity::bytes));
   set_if(g.hbm_bandwidth, r.quantity("hbm_bandwidth", Quantity::bandwidth));
   set_if(g.gemm_efficiency, r.number("gemm_efficiency"));
@@ -629,7 +631,7 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   // The preset's shipped kernel tables time its GEMMs; a field that sets the GEMM rate
   // (peak_bf16, peak_fp8, gemm_efficiency, sm_count) asks for the roofline at that rate, so it
   // drops them unless kernel_tables is given too (README "Kernel time").
-  for (const char* k : {"peak_bf16", "peak_fp8", "gemm_efficiency", "sm_count"})
+  for (const char* k : {"peak_bf16", "peak_fp8", "peak_fp4", "gemm_efficiency", "sm_count"})
     if (r.has(k)) g.kernel_tables.clear();
   set_if(g.sustained_ratio, r.number("sustained_ratio"));  // optional: the preset's, else 1
   if (auto t = r.text("kernel_tables")) {
@@ -1267,6 +1269,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   };
   positive("cluster.gpu.peak_bf16", c.gpu.peak_bf16_flops, "FLOP/s");
   non_negative("cluster.gpu.peak_fp8", c.gpu.peak_fp8_flops, "FLOP/s");
+  non_negative("cluster.gpu.peak_fp4", c.gpu.peak_fp4_flops, "FLOP/s");
   positive("cluster.gpu.hbm", c.gpu.hbm_bytes, "B");
   positive("cluster.gpu.hbm_bandwidth", c.gpu.hbm_bandwidth, "B/s");
   fraction("cluster.gpu.gemm_efficiency", c.gpu.gemm_efficiency);

@@ -171,6 +171,13 @@ const std::vector<Entry>& registry() {
       g.peak_bf16_flops = 2250 * TFLOPS;
       // 4500 TFLOP/s dense FP8. hardware.csv same row (glennklockwood).
       g.peak_fp8_flops = 4500 * TFLOPS;
+      // 9000 TFLOP/s dense FP4 (datasheet 18 PFLOPS with sparsity; NVIDIA DGX B200 datasheet:
+      // 144 PFLOPS FP4 inference (sparse) over 8 GPUs = 18 sparse, 9 dense per GPU).
+      g.peak_fp4_flops = 9000 * TFLOPS;
+      // Blackwell (sm_100) tensor cores take MXFP8 / MXFP4 / NVFP4 block-scaled operands
+      // natively (NVIDIA Blackwell architecture technical brief, "second-generation
+      // Transformer Engine ... micro-tensor scaling"; PTX ISA 8.7 tcgen05.mma .block_scale).
+      g.microscaling = true;
       // 180 GB = DGX B200 1,440 GB / 8 GPUs (hardware.csv same row, DGX-B200 wiki). Other
       // sources say 192 GB physical; the DGX usable figure is taken (capacity conflict noted
       // in hardware.csv).

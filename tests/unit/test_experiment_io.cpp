@@ -520,7 +520,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.gpu.tdp (valid keys under cluster.gpu: preset, name, peak_bf16, "
-              "peak_fp8, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count, attention_efficiency, "
+              "peak_fp8, peak_fp4, microscaling, hbm, hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count, attention_efficiency, "
               "profile, kernel_tables, sustained_ratio)");
   }
 }
