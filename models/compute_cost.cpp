@@ -8,6 +8,7 @@
 
 #include "models/calibration/plan_kernels.hpp"
 #include "models/errors.hpp"
+#include "models/precision.hpp"
 #include "models/time_band.hpp"
 
 namespace dtsim {
@@ -28,12 +29,12 @@ double compute_time(const Op& op, const GpuSpec& gpu, Dtype dtype, double attent
   switch (op.kernel) {
     case KernelKind::gemm:
     case KernelKind::attention: {
-      // FP8 applies to the linear layers' GEMMs only; attention stays bf16 (Transformer
-      // Engine's FP8 recipe keeps dot-product attention in higher precision).
-      const bool fp8 = dtype == Dtype::fp8 && op.kernel == KernelKind::gemm && gpu.peak_fp8_flops > 0;
+      // Low precision applies to GEMM ops only (op_gemm_dtype); attention stays bf16
+      // (Transformer Engine's FP8 recipe keeps dot-product attention in higher precision).
       const double eff = op.kernel == KernelKind::attention && gpu.attention_efficiency > 0 ? gpu.attention_efficiency
                                                                                            : gpu.gemm_efficiency;
-      const double peak = (fp8 ? gpu.peak_fp8_flops : gpu.peak_bf16_flops) * eff;
+      const double peak =
+          (op.kernel == KernelKind::gemm ? gemm_peak_flops(gpu, dtype) : gpu.peak_bf16_flops) * eff;
       const double work = op.kernel == KernelKind::attention ? op.flops * attention_work
                                                              : op.flops / std::clamp(gemm_fill, 1e-6, 1.0);
       const double flop_t = peak > 0 ? work / peak : 0.0;
@@ -71,6 +72,12 @@ const calib::ComputeProfile* experiment_profile(const Experiment& exp) {
   }
 }
 
+Dtype op_gemm_dtype(const Op& op, const Experiment& exp) {
+  if (op.kernel != KernelKind::gemm || !op.gemm_linear || op.layer < 0) return Dtype::bf16;
+  return layer_low_precision(exp.training, exp.model.layers, op.layer) ? precision_recipe(exp.training.precision).gemm_dtype
+                                                                       : Dtype::bf16;
+}
+
 namespace {
 ComputeTime nominal_compute_time(const Op& op, const Experiment& exp, double attention_work);
 }  // namespace
@@ -88,7 +95,7 @@ ComputeTime nominal_compute_time(const Op& op, const Experiment& exp, double att
   // tiles of all its experts in one kernel's waves.
   const bool shaped = op.kernel == KernelKind::gemm && op.gemm.m > 0 && op.gemm.n > 0 && op.gemm.k > 0;
   const double fill = shaped ? gemm_wave_fill(op.gemm, gpu.sm_count) : 1.0;
-  const ComputeTime roof{compute_time(op, gpu, exp.training.dtype, attention_work, fill),
+  const ComputeTime roof{compute_time(op, gpu, op_gemm_dtype(op, exp), attention_work, fill),
                          calib::TimeSource::roofline};
   const calib::ComputeProfile* prof = experiment_profile(exp);
   if (!prof) return roof;

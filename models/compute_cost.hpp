@@ -69,7 +69,13 @@ inline constexpr int64_t kFullRateTiles[2][2] = {{256, 128}, {128, 256}};
 /// fill 0.889. 1 when sm_count <= 0 or a dimension is not positive.
 double gemm_wave_fill(const calib::GemmShape& g, int64_t sm_count);
 
-/// Seconds for one compute op on `gpu`, GEMMs in `dtype`. Uses op.kernel, op.flops
+/// Input dtype of a GEMM op of `exp`'s plan: the precision recipe's (models/precision.hpp)
+/// for a linear layer's GEMM (Op::gemm_linear) in a low-precision layer, else bf16 (the
+/// attention core, the LM head, the router; the layers first_last_layers_bf16 keeps).
+Dtype op_gemm_dtype(const Op& op, const Experiment& exp);
+
+/// Seconds for one compute op on `gpu`, GEMMs in `dtype` (its tensor-core rate:
+/// gemm_peak_flops of models/precision.hpp; attention ops at the bf16 rate). Uses op.kernel, op.flops
 /// (convention FLOPs; attention work factors applied here), op.bytes, op.kernels.
 /// `attention_work` multiplies attention FLOPs (kFlashCausalWork etc.; 1 for GEMMs).
 /// `gemm_fill` (gemm_wave_fill of the op's shape, (0, 1]) divides the GEMM rate of

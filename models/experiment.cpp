@@ -53,6 +53,7 @@ const char* to_string(Dtype d) {
   switch (d) {
     case Dtype::bf16: return "bf16";
     case Dtype::fp8: return "fp8";
+    case Dtype::fp4: return "fp4";
   }
   return "?";
 }

@@ -13,7 +13,10 @@ enum class Activation { gelu, swiglu };
 enum class Norm { layernorm, rmsnorm };
 enum class Position { learned, rope };
 enum class Recompute { none, selective, full };
-enum class Dtype { bf16, fp8 };
+/// Input element type of a GEMM: bf16, fp8 (E4M3/E5M2) or fp4 (E2M1).
+enum class Dtype { bf16, fp8, fp4 };
+/// Precision recipe (training.precision), models/precision.hpp.
+enum class Precision { bf16, fp8_delayed, fp8_current, fp8_block, mxfp8, nvfp4 };
 enum class Framework { megatron, deepspeed, zero_paper };
 /// CUDA graph capture (training.cuda_graphs; models/host_dispatch.hpp): none (eager launches),
 /// layers (each transformer layer's forward and backward captured and replayed, Megatron-Core
@@ -270,7 +273,19 @@ struct Training {
   int64_t seq_len = 0;
   int64_t global_batch = 0;      // sequences per optimizer step
   int64_t micro_batch = 0;       // sequences per micro-batch per DP rank
-  Dtype dtype = Dtype::bf16;     // GEMM precision; activations and params stay bf16
+  /// Precision recipe of the linear layers' GEMMs, their quantize kernels and what they
+  /// change in memory (models/precision.hpp); training.dtype is its alias.
+  Precision precision = Precision::bf16;
+  /// Model weights stored and all-gathered in the recipe's low precision (Megatron
+  /// --fp8-param-gather / --fp4-param-gather; needs a low-precision recipe).
+  bool fp8_param_gather = false;
+  /// The experiment named the recipe by its alias training.dtype (errors name that key).
+  bool precision_from_dtype = false;
+  /// Keep the first num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 decoder
+  /// layers in BF16 (Megatron --first-last-layers-bf16, transformer_config.py).
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   bool flash_attention = true;   // fused attention: no s^2 score memory or traffic
   bool overlap_grad_reduce = true;  // DP gradient reduction overlaps backward
   Framework framework = Framework::megatron;  // bytes-per-parameter accounting

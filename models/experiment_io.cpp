@@ -37,7 +37,10 @@
 //          account_for_embedding_in_pipeline_split (false), account_for_loss_in_pipeline_split
 //          (false), decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
 //          pipeline_layout (Megatron-Core's split options: models/pipeline_split.hpp)
-//   training: seq_len, global_batch, micro_batch, dtype (bf16|fp8; bf16), flash_attention
+//   training: seq_len, global_batch, micro_batch, precision (bf16|fp8-delayed|fp8-current|
+//          fp8-block|mxfp8|nvfp4; bf16; models/precision.hpp) or its alias dtype (bf16|fp8 =
+//          fp8-delayed), fp8_param_gather (false), first_last_layers_bf16 (false),
+//          num_layers_at_start_in_bf16 (1), num_layers_at_end_in_bf16 (1), flash_attention
 //          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
 //          overlap_param_gather (false), tp_comm_overlap (false),
@@ -76,6 +79,7 @@
 #include "models/pipeline_split.hpp"
 #include "models/moe_checks.hpp"
 #include "models/plan.hpp"
+#include "models/precision.hpp"
 #include "models/scalar_text.hpp"
 #include "models/units.hpp"
 #include "models/yaml_text.hpp"
@@ -122,7 +126,8 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
         "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "pipeline_layout", "ep", "etp"}},
       {"training",
-       {"seq_len", "global_batch", "micro_batch", "dtype", "flash_attention", "overlap_grad_reduce",
+       {"seq_len", "global_batch", "micro_batch", "precision", "dtype", "fp8_param_gather", "first_last_layers_bf16",
+        "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "flash_attention", "overlap_grad_reduce",
         "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
         "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher", "moe_deepep_num_sms",
         "moe_hybridep_num_sms",
@@ -175,7 +180,8 @@ const Choices<Norm> kNorms = {{"layernorm", Norm::layernorm}, {"rmsnorm", Norm::
 const Choices<Position> kPositions = {{"learned", Position::learned}, {"rope", Position::rope}};
 const Choices<Recompute> kRecomputes = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
-const Choices<Dtype> kDtypes = {{"bf16", Dtype::bf16}, {"fp8", Dtype::fp8}};
+// training.dtype, the alias of training.precision (models/precision.hpp).
+const Choices<Precision> kDtypeAliases = {{"bf16", Precision::bf16}, {"fp8", Precision::fp8_delayed}};
 const Choices<RouterScore> kRouterScores = {{"softmax", RouterScore::softmax}, {"sigmoid", RouterScore::sigmoid}};
 const Choices<RouterBalance> kBalances = {{"forced", RouterBalance::forced},
                                           {"measured", RouterBalance::measured},
@@ -822,7 +828,20 @@ Training read_training(Reader r) {
   set_if(t.seq_len, r.integer("seq_len"));
   set_if(t.global_batch, r.integer("global_batch"));
   set_if(t.micro_batch, r.integer("micro_batch"));
-  set_if(t.dtype, r.choice("dtype", kDtypes));
+  if (auto p = r.text("precision")) {
+    if (const PrecisionRecipe* rec = find_precision(*p)) t.precision = rec->id;
+    else r.ctx().fail(r.path("precision"), r.path("precision") + "=" + quote(*p) + " is not a precision recipe (valid: " +
+                                              text::join(precision_names()) + ")");
+    if (r.has("dtype"))
+      r.ctx().fail(r.path("dtype"), r.path("dtype") + " is the alias of training.precision: give one of them");
+  } else if (auto d = r.choice("dtype", kDtypeAliases)) {
+    t.precision = *d;
+    t.precision_from_dtype = true;
+  }
+  set_if(t.fp8_param_gather, r.boolean("fp8_param_gather"));
+  set_if(t.first_last_layers_bf16, r.boolean("first_last_layers_bf16"));
+  set_if(t.num_layers_at_start_in_bf16, r.integer("num_layers_at_start_in_bf16"));
+  set_if(t.num_layers_at_end_in_bf16, r.integer("num_layers_at_end_in_bf16"));
   set_if(t.flash_attention, r.boolean("flash_attention"));
   set_if(t.overlap_grad_reduce, r.boolean("overlap_grad_reduce"));
   set_if(t.framework, r.choice("framework", kFrameworks));
@@ -1301,8 +1320,14 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
           fmt_double(e.model.moe.capacity_factor) + ", pad_to_capacity " +
           std::string(e.model.moe.pad_to_capacity ? "true" : "false") +
           "): set model.moe.capacity_factor and pad_to_capacity, or cuda_graphs: layers");
-  if (ok({"training.dtype", "cluster.gpu.peak_fp8"}) && t.dtype == Dtype::fp8 && !(c.gpu.peak_fp8_flops > 0))
-    p.add("training.dtype=fp8 needs FP8 tensor cores, but cluster.gpu " + c.gpu.name + " has peak_fp8=0");
+  if (ok({"training.dtype", "training.precision", "training.fp8_param_gather", "training.first_last_layers_bf16",
+          "training.num_layers_at_start_in_bf16", "training.num_layers_at_end_in_bf16", "cluster.gpu", "model.layers"}))
+    for (std::string q : precision_problems(t, c.gpu, e.model.layers)) {
+      if (t.precision_from_dtype)  // name the key the file has
+        if (auto at = q.find("training.precision=" + std::string(precision_recipe(t.precision).name)); at == 0)
+          q.replace(0, q.find(' '), "training.dtype=" + std::string(t.precision == Precision::bf16 ? "bf16" : "fp8"));
+      p.add(q);
+    }
 
   // Published figures.
   non_negative("published.step_time_s", e.published.step_time_s, "s");

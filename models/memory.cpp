@@ -9,6 +9,7 @@
 #include "models/flops.hpp"
 #include "models/moe.hpp"
 #include "models/pipeline_split.hpp"
+#include "models/precision.hpp"
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
 
@@ -129,6 +130,19 @@ double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_
 }
 
 double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention) {
+  // Under a low-precision recipe the GEMM inputs a layer keeps for its weight gradient are
+  // its quantized columnwise copies (models/precision.hpp; ActivationTerm::gemm_input): the
+  // mean over the stage's layers of the low-precision and BF16 layers' bytes.
+  const double low = stage_low_precision_fraction(e, stage);
+  if (low <= 0) return stage_layer_activation_bytes(e, stage, r, flash_attention, 1.0);
+  const double scale = precision_recipe(e.training.precision).activation_copy_bytes() / 2.0;
+  const double quantized = stage_layer_activation_bytes(e, stage, r, flash_attention, scale);
+  if (low >= 1) return quantized;
+  return low * quantized + (1.0 - low) * stage_layer_activation_bytes(e, stage, r, flash_attention, 1.0);
+}
+
+double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention,
+                                    double gemm_input_scale) {
   const ModelSpec& m = e.model;
   const Layout& l = e.layout;
   const Training& tr = e.training;
@@ -136,12 +150,14 @@ double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recomput
   int64_t layers = 0;
   for (int64_t n : kinds) layers += n;
   const double s = d(tr.seq_len) / d(l.cp), s_kv = d(tr.seq_len);
-  if (kinds[0] == layers || layers == 0)
+  if ((kinds[0] == layers || layers == 0) && gemm_input_scale == 1.0)
     return layer_activation_bytes(m, s, tr.micro_batch, s_kv, l.tp, l.sequence_parallel, r, flash_attention);
   // Layers differ (MoE, local attention): the mean over the stage's layers, each kind's
   // routed-token tensors at the busiest rank's load (models/moe.hpp).
   blocks::ActivationShape a{m, s, d(tr.micro_batch), s_kv, flash_attention};
   a.moe_load = moe_load_factor(m.moe, l);
+  a.gemm_input_scale = gemm_input_scale;
+  if (layers == 0) return 0.0;
   const blocks::ModelBlocks mb(m);
   double sum = 0;
   for (int k = 0; k < blocks::kLayerKinds; ++k)
@@ -376,6 +392,9 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
   } else if (tr.cuda_graphs == CudaGraphs::full_iteration) {
     out.cuda_graph_bytes = 28.0 * d(tr.micro_batch) * d(tr.seq_len) * d(tr.accumulation(l));
   }
+  if (const QuantizedWeights q = stage_quantized_weights(e, stage); q.total() > 0)
+    out.quantized_weight_bytes =
+        q.total() * precision_recipe(tr.precision).weight_copy_bytes() * (tr.fp8_param_gather ? 1.0 : 2.0);
   if (tr.framework == Framework::deepspeed && l.dp * l.cp > 1) {
     const double bucket = tr.grad_bucket_bytes > 0 ? tr.grad_bucket_bytes / kBytes16 : kDeepSpeedReduceBucketElements;
     if (l.zero_stage == 0) {
@@ -398,6 +417,15 @@ MemoryBreakdown stage_memory(const Experiment& e, int64_t stage) {
 
   MemoryBreakdown mb;
   mb.params_bytes = ms.params_bytes;
+  if (e.training.fp8_param_gather) {
+    // The low-precision GEMM weights are stored quantized (Megatron --fp8-param-gather /
+    // --fp4-param-gather), not in BF16; sharded like every parameter under ZeRO-3.
+    const QuantizedWeights q = stage_quantized_weights(e, stage);
+    const GradSyncPolicy g = grad_sync_policy(l, e.training);
+    const double dense = q.dense / (g.sharded_params ? d(l.dp) * d(l.cp) : 1.0);
+    const double ex = q.expert / (g.sharded_params ? d(l.edp()) : 1.0);
+    mb.params_bytes -= (dense + ex) * (kBytes16 - precision_recipe(e.training.precision).weight_copy_bytes());
+  }
   mb.grads_bytes = ms.grads_bytes;
   mb.optimizer_bytes = ms.optimizer_bytes;
   mb.activations_bytes = act.total();

@@ -132,6 +132,10 @@ double layer_activation_bytes(const ModelSpec& m, double s, int64_t b, double s_
 /// over its layers by kind (models/blocks/layer_kind.hpp), MoE layers at the load factor of
 /// models/moe.hpp.
 double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention);
+/// The same with every layer's GEMM inputs kept at `gemm_input_scale` times their BF16 bytes
+/// (blocks::ActivationShape::gemm_input_scale).
+double stage_layer_activation_bytes(const Experiment& e, int64_t stage, Recompute r, bool flash_attention,
+                                    double gemm_input_scale);
 
 /// Micro-batches whose activations stage `stage` of `pp` holds at the peak of 1F1B:
 /// min(pp - stage, accumulation) (Narayanan 2021 Sec 2.2; Korthikanti 2022 Sec 4.2.3 Eq. 5).
@@ -253,7 +257,14 @@ struct StageBuffers {
   /// The activations inside the graphs live in the graphs' memory pool with their eager
   /// lifetimes (counted in activations, not here).
   double cuda_graph_bytes = 0;
-  double total() const { return zero3_gathered_bytes + grad_bucket_bytes + step_transient_bytes + cuda_graph_bytes; }
+  /// A low-precision recipe's quantized weight copies (models/precision.hpp), held through the
+  /// step: the stage's low-precision GEMM weights (stage_quantized_weights) x the recipe's
+  /// weight bytes, rowwise and columnwise (Transformer Engine's cached FP8 weight workspaces),
+  /// or only the columnwise copy with fp8_param_gather (the model weights are the rowwise one).
+  double quantized_weight_bytes = 0;
+  double total() const {
+    return zero3_gathered_bytes + grad_bucket_bytes + step_transient_bytes + cuda_graph_bytes + quantized_weight_bytes;
+  }
 };
 StageBuffers stage_buffers(const Experiment& e, int64_t stage);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/precision.hpp"
+
 namespace dtsim {
 
 double moe_router_load(const MoeSpec& moe, const Layout& l) {
@@ -42,7 +44,7 @@ MoeTokens moe_tokens(const Experiment& e, double micro_batch) {
 }
 
 double moe_dispatch_bytes_per_element(const Training& t) {
-  const bool fp8 = t.dtype == Dtype::fp8 && (t.moe_token_dispatcher == "deepep" || t.moe_token_dispatcher == "hybridep");
+  const bool fp8 = precision_recipe(t.precision).low_precision() && (t.moe_token_dispatcher == "deepep" || t.moe_token_dispatcher == "hybridep");
   // FP8 e4m3 payload plus one fp32 scale per 1x128 tile (DeepSeek-V3 report Sec 3.3.2).
   return fp8 ? 1.0 + 4.0 / 128.0 : 2.0;
 }

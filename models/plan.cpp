@@ -18,6 +18,7 @@
 #include "models/blocks/block_context.hpp"
 #include "models/blocks/layer.hpp"
 #include "models/pipeline_split.hpp"
+#include "models/precision.hpp"
 #include "models/schedules/schedule.hpp"
 
 namespace dtsim {
@@ -152,6 +153,18 @@ class Builder {
       const blocks::BlockParams bp = blocks_.kind(k).parameters(m_);
       stage_replicated_ += n * (bp.replicated_weights + bp.replicated_biases);
     }
+    for (int k = 0; k < blocks::kLayerKinds; ++k) {
+      const blocks::BlockParams bp = blocks_.kind(k).parameters(m_);
+      kind_quantized_[static_cast<size_t>(k)] = {bp.sharded_weights / t_,
+                                                 bp.expert_weights / static_cast<double>(l_.ep * l_.expert_tp())};
+    }
+    stage_quantized_ = stage_quantized_weights(e_, sp_.stage);
+  }
+  /// Layer `layer`'s GEMM weights on this rank that the precision recipe quantizes (zero in
+  /// a BF16 layer; models/precision.hpp stage_quantized_weights).
+  blocks::RankParams layer_quantized(int layer) const {
+    if (!layer_low_precision(e_.training, m_.layers, layer)) return {};
+    return kind_quantized_[static_cast<size_t>(blocks::layer_kind(m_, layer))];
   }
   /// Parameters of global layer `layer` on this rank, by reducing group.
   const blocks::RankParams& layer_params(int layer) const {
@@ -350,10 +363,10 @@ class Builder {
     const blocks::RankParams& p = layer_params(layer);
     if (expert_active() && p.expert > 0)
       expert_gather_[layer] = issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather,
-                                    GroupKind::EDP, p.expert * kAct);
+                                    GroupKind::EDP, param_gather_bytes(e_.training, p.expert, layer_quantized(layer).expert));
     if (!dp_active()) return -1;
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
-                 p.dense * kAct);
+                 param_gather_bytes(e_.training, p.dense, layer_quantized(layer).dense));
   }
   /// Waits for layer `layer`'s parameter gathers: the dense one (`handle`) and its experts'.
   void wait_gather(int handle, int layer, int mb, Phase ph) {
@@ -633,9 +646,10 @@ class Builder {
     const blocks::RankParams& p = layer_params(layer);
     if (expert_active() && p.expert > 0)
       expert_gather_[layer] =
-          issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::EDP, p.expert * kAct);
+          issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::EDP,
+                param_gather_bytes(e_.training, p.expert, layer_quantized(layer).expert));
     return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
-                 p.dense * kAct);
+                 param_gather_bytes(e_.training, p.dense, layer_quantized(layer).dense));
   }
   bool param_gather_overlapped() const {
     return dp_active() && g_.sharded_optimizer && !g_.sharded_params && e_.training.overlap_param_gather;
@@ -665,11 +679,14 @@ class Builder {
     // The loss chunk's MTP layers follow its last layer (index model.layers + d).
     const int64_t gathered = ch.layers + (ch.last ? m_.mtp_layers : 0);
     if (gathered == 0) return;
-    double dense = 0, expert = 0;
+    double dense = 0, expert = 0, q_dense = 0, q_expert = 0;
     for (int64_t i = 0; i < gathered; ++i) {
       const blocks::RankParams& p = layer_params(static_cast<int>(ch.first_layer + i));
       dense += p.dense;
       expert += p.expert;
+      const blocks::RankParams q = layer_quantized(static_cast<int>(ch.first_layer + i));
+      q_dense += q.dense;
+      q_expert += q.expert;
     }
     const int saved = cur_chunk_;
     cur_chunk_ = c;
@@ -680,9 +697,9 @@ class Builder {
     };
     if (expert_active() && expert > 0)
       g.expert = mark(issue("edp_param_allgather", Phase::forward, layer, mb, CommKind::DP, Collective::AllGather,
-                            GroupKind::EDP, expert * kAct));
+                            GroupKind::EDP, param_gather_bytes(e_.training, expert, q_expert)));
     g.dense = mark(issue("dp_param_allgather", Phase::forward, layer, mb, CommKind::DP, Collective::AllGather,
-                         GroupKind::DPxCP, dense * kAct));
+                         GroupKind::DPxCP, param_gather_bytes(e_.training, dense, q_dense)));
     cur_chunk_ = saved;
   }
   /// Before chunk `c`'s first forward: its gather (dispatched now if the schedule did not,
@@ -810,6 +827,20 @@ class Builder {
     const double owned = owned_params();
     sp_.optimizer_params = owned;
     compute("optimizer_adam", Phase::optimizer, -1, -1, KernelKind::optimizer, 0, owned * kAdamBytesPerParam);
+    // The precision recipe's weight casts, once per step (models/precision.hpp): each
+    // low-precision GEMM weight read in BF16 and written rowwise and columnwise. Transformer
+    // Engine casts them in the next step's first micro-batch and reuses them for the others
+    // (is_first_microbatch); on the same compute stream, they are counted here. With
+    // fp8_param_gather the optimizer writes its shard of the quantized weights from the FP32
+    // main parameters (Megatron fp8_utils.py quantize_param_shard) and each rank writes the
+    // columnwise copy from the gathered rowwise one.
+    if (stage_quantized_.total() > 0) {
+      const double owned_q = g_.sharded_optimizer ? stage_quantized_.dense / static_cast<double>(dpcp_) +
+                                                        stage_quantized_.expert / static_cast<double>(edp_)
+                                                  : stage_quantized_.total();
+      compute("weight_quantize", Phase::optimizer, -1, -1, KernelKind::memory, 0,
+              weight_quantize_bytes(e_.training, stage_quantized_.total(), owned_q));
+    }
     // With per-layer gathers (ZeRO-1/2 with overlap_param_gather, and ZeRO-3), the stage's
     // non-layer parameters (embedding, final norm, LM head) are gathered after the step
     // and stay gathered through the next one: Megatron's distributed optimizer gathers
@@ -823,11 +854,12 @@ class Builder {
                  GroupKind::DPxCP, non_layer * kAct);
     if (dp_active() && g_.sharded_optimizer && !g_.sharded_params && !param_gather_overlapped())
       collective("dp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
-                 GroupKind::DPxCP, (sp_.params_per_rank - stage_layer_params_.expert) * kAct);
+                 GroupKind::DPxCP,
+                 param_gather_bytes(e_.training, sp_.params_per_rank - stage_layer_params_.expert, stage_quantized_.dense));
     if (expert_active() && g_.sharded_optimizer && !g_.sharded_params && stage_layer_params_.expert > 0 &&
         !param_gather_overlapped())
       collective("edp_param_allgather", Phase::optimizer, -1, -1, CommKind::DP, Collective::AllGather,
-                 GroupKind::EDP, stage_layer_params_.expert * kAct);
+                 GroupKind::EDP, param_gather_bytes(e_.training, stage_layer_params_.expert, stage_quantized_.expert));
   }
   /// Parameters whose optimizer step this rank runs: with a sharded optimizer the dense ones'
   /// 1 / (DP x CP) share and the routed experts' 1 / EDP share (models/memory.hpp).
@@ -850,6 +882,8 @@ class Builder {
   std::array<blocks::RankParams, blocks::kLayerKinds> kind_params_{};
   blocks::RankParams stage_layer_params_;  // the stage's layers on this rank
   double stage_replicated_ = 0;            // their TP-replicated parameters (sequence-parallel sum)
+  std::array<blocks::RankParams, blocks::kLayerKinds> kind_quantized_{};  // quantizable GEMM weights per kind
+  QuantizedWeights stage_quantized_;       // the stage's low-precision GEMM weights (models/precision.hpp)
   int64_t edp_ = 1;
   double pending_expert_ = 0;              // expert gradient elements of the open expert bucket
   std::map<int, int> expert_gather_;       // layer -> handle of its experts' parameter gather

@@ -16,6 +16,7 @@
 #include "models/host_dispatch.hpp"
 #include "models/memory.hpp"
 #include "models/pipeline_split.hpp"
+#include "models/precision.hpp"
 #include "models/schedules/schedule.hpp"
 #include "models/rank_grid.hpp"
 #include "reports/summary.hpp"
@@ -899,6 +900,12 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
               tr.cuda_graphs == CudaGraphs::full_iteration
                   ? "every micro-batch's input batch, 28 b s B (Megatron-Core FullCudaGraphWrapper StaticBufferLoader)"
                   : "per held (layer, micro-batch): hidden 2 sbh (/t with SP) + bool mask b s^2 / cp (TE graphed callables)",
+              false);
+    bytes_row("quantized weights", [&](size_t i) { return buf[i].quantized_weight_bytes; },
+              fmt::format("{} copies of the low-precision GEMM weights, {:.4g} B/element ({} recipe, Transformer Engine "
+                          "weight workspaces)",
+                          tr.fp8_param_gather ? "columnwise" : "rowwise + columnwise",
+                          precision_recipe(tr.precision).weight_copy_bytes(), precision_recipe(tr.precision).name),
               false);
     bytes_row("peak", [&](size_t i) { return mb_of(i).peak_bytes; }, "sum of the lines above (held at the same time)", true);
     bytes_row("capacity", [&](size_t i) { return mb_of(i).capacity_bytes; },

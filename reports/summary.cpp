@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "models/precision.hpp"
 #include "models/flops.hpp"
 #include "reports/terminal_text.hpp"
 
@@ -115,7 +116,7 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
   fmt::format_to(out,
                  "  batch     micro-batch {}, global batch {} x {} tokens, {} accumulation step{}, {}\n",
                  t.micro_batch, t.global_batch, t.seq_len, accumulation, accumulation == 1 ? "" : "s",
-                 to_string(t.dtype));
+                 precision_recipe(t.precision).name);
   fmt::format_to(out, "  engine    {}", r.engine.empty() ? "(unknown)" : r.engine);
   if (r.folded)
     fmt::format_to(out, ", folded ({} of {} ranks simulated)", r.simulated_ranks, r.gpus);

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "models/precision.hpp"
 #include "models/blocks/layer.hpp"
 #include "models/combined_1f1b.hpp"
 #include "models/compute_cost.hpp"
@@ -150,6 +151,10 @@ struct AnalyticEngine::Shape {
     Seg fb;
     double w = 0;                 // W part of b (weight-gradient compute)
     blocks::RankParams params;    // on one rank: dense (DP x CP) and routed experts (EDP)
+    /// Its GEMM weights a low-precision recipe quantizes, on one rank (plan.cpp
+    /// layer_quantized; zero under bf16). The analytic engine takes every layer of a kind
+    /// as low precision (first_last_layers_bf16's BF16 layers are timed as the others).
+    blocks::RankParams quantized;
   };
   std::array<Layer, blocks::kLayerKinds> layer;
   /// Compute seconds of the weight-gradient ops (Op::pass W when split: the *_wgrad GEMMs and
@@ -248,6 +253,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     px.layout.sequence_parallel = l.sequence_parallel;
     px.layout.recompute = l.recompute;
     px.training.micro_batch = mb;
+    // The one-layer proxy is both the first and the last layer: its kind is timed in the
+    // recipe's precision, as most of the model's layers (Shape::Layer::quantized).
+    px.training.first_last_layers_bf16 = false;
     px.training.global_batch = mb * dp;
     px.cluster.nodes = 1;
     px.cluster.gpus_per_node = tpcp * dp;
@@ -429,6 +437,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
           if (timed && (w == LB || w == HB || w == EB) && is_weight_gradient(op))
             (w == LB ? ly.w : w == HB ? head_w : emb_w) += op.time_s;
           if (w == OPT) {
+            if (op.kernel != KernelKind::optimizer) break;  // the weight casts: per stage below
             if (st.optimizer_params > 0) sh->adam_bytes_per_param = op.bytes / st.optimizer_params;
             sh->adam_kernels = op.kernels;
             break;
@@ -470,6 +479,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     const blocks::Layer& lay = mbk.kind(kind);
     ly.params = {lay.parameters_per_tp_rank(base_.model, l.tp),
                  lay.parameters(base_.model).expert_weights / d(l.ep * etp)};
+    if (precision_recipe(base_.training.precision).low_precision())
+      ly.quantized = {lay.parameters(base_.model).sharded_weights / d(l.tp),
+                      lay.parameters(base_.model).expert_weights / d(l.ep * etp)};
   }
   // The MTP depths (model.mtp_layers) on the rank holding the loss: their layers count with
   // the stage's layers (stage_layer_kinds), their entries and heads with the head segments.
@@ -579,7 +591,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     x.lf = L.f.time;
     x.lb = L.b.time;
     if (l.zero_stage == 3 && dpcp > 1) {
-      x.ag = dp_ring(Collective::AllGather, L.params.dense * 2.0) + edp_ring(Collective::AllGather, L.params.expert * 2.0);
+      x.ag = dp_ring(Collective::AllGather, param_gather_bytes(tr, L.params.dense, L.quantized.dense)) +
+             edp_ring(Collective::AllGather, param_gather_bytes(tr, L.params.expert, L.quantized.expert));
       x.rs = dp_ring(Collective::ReduceScatter, L.params.dense * grad_bytes) +
              edp_ring(Collective::ReduceScatter, L.params.expert * grad_bytes);
       x.lf = overlap(L.f.time, x.ag, speed);
@@ -742,7 +755,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   auto model_mean = [&](auto fn) { return over(model_kinds, fn) / d(model.layers); };
   if ((l.zero_stage == 1 || l.zero_stage == 2) && dpcp > 1 && tr.overlap_param_gather) {
     const double ag = model_mean([&](int k) {
-      return dp_ring(Collective::AllGather, L_(k).params.dense * 2.0) + edp_ring(Collective::AllGather, L_(k).params.expert * 2.0);
+      return dp_ring(Collective::AllGather, param_gather_bytes(tr, L_(k).params.dense, L_(k).quantized.dense)) +
+             edp_ring(Collective::AllGather, param_gather_bytes(tr, L_(k).params.expert, L_(k).quantized.expert));
     });
     const double layer_f = model_mean([&](int k) { return L_(k).f.time; });
     // Each chunk by its own layer count (models/pipeline_split.hpp), chunks of equal count
@@ -760,8 +774,10 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
         if (vs.layers == 0) continue;
         const auto nk = blocks::layer_kind_counts(model, vs.first_layer, vs.layers);
         const double chunk_ag =
-            dp_ring(Collective::AllGather, over(nk, [&](int k) { return L_(k).params.dense; }) * 2.0) +
-            edp_ring(Collective::AllGather, over(nk, [&](int k) { return L_(k).params.expert; }) * 2.0);
+            dp_ring(Collective::AllGather, param_gather_bytes(tr, over(nk, [&](int k) { return L_(k).params.dense; }),
+                                                              over(nk, [&](int k) { return L_(k).quantized.dense; }))) +
+            edp_ring(Collective::AllGather, param_gather_bytes(tr, over(nk, [&](int k) { return L_(k).params.expert; }),
+                                                               over(nk, [&](int k) { return L_(k).quantized.expert; })));
         if (ck == 0) {
           exposed += chunk_ag;
           continue;
@@ -809,6 +825,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
     const double expert_params = stage_sum(s, [&](int k) { return L_(k).params.expert; });
     const double dense_params = params - expert_params;
+    const double quantized_dense = stage_sum(s, [&](int k) { return L_(k).quantized.dense; });
+    const double quantized_expert = stage_sum(s, [&](int k) { return L_(k).quantized.expert; });
     const double layer_params = layer_params_of(s);
     const double end_bwd = t_pipe - chain;
     chain += B[static_cast<size_t>(s)] / d(v) + t_p2p;
@@ -874,11 +892,12 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
           }
         }
         if ((l.zero_stage == 1 || l.zero_stage == 2) && !tr.overlap_param_gather) {
-          gather = dp_ring(Collective::AllGather, dense_params * 2.0) + edp_ring(Collective::AllGather, expert_params * 2.0);
+          gather = dp_ring(Collective::AllGather, param_gather_bytes(tr, dense_params, quantized_dense)) +
+                   edp_ring(Collective::AllGather, param_gather_bytes(tr, expert_params, quantized_expert));
         } else if ((l.zero_stage == 1 || l.zero_stage == 2) && tr.overlap_param_gather) {
           const double ag = stage_mean(s, [&](int k) {
-            return dp_ring(Collective::AllGather, L_(k).params.dense * 2.0) +
-                   edp_ring(Collective::AllGather, L_(k).params.expert * 2.0);
+            return dp_ring(Collective::AllGather, param_gather_bytes(tr, L_(k).params.dense, L_(k).quantized.dense)) +
+                   edp_ring(Collective::AllGather, param_gather_bytes(tr, L_(k).params.expert, L_(k).quantized.expert));
           });
           dp_total += layers_rank * ag;
           // The first gather of each of the rank's chunks that holds layers is exposed.
@@ -904,7 +923,15 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     // Owned: dense / (DP x CP) and experts / EDP with a sharded optimizer (plan.cpp owned_params).
     const double owned = l.zero_stage >= 1 ? dense_params / d(dpcp) + expert_params / d(edp) : params;
     adam.bytes = owned * sh.adam_bytes_per_param;
-    const double opt = compute_time(adam, c.gpu, tr.dtype);
+    double opt = compute_time(adam, c.gpu, Dtype::bf16);
+    if (quantized_dense + quantized_expert > 0) {  // the recipe's weight casts (plan.cpp weight_quantize)
+      Op cast;
+      cast.kernel = KernelKind::memory;
+      cast.bytes = weight_quantize_bytes(tr, quantized_dense + quantized_expert,
+                                         l.zero_stage >= 1 ? quantized_dense / d(dpcp) + quantized_expert / d(edp)
+                                                           : quantized_dense + quantized_expert);
+      opt += compute_time(cast, c.gpu, Dtype::bf16);
+    }
     // DualPipe (plan.cpp finish_step): ranks s and p - 1 - s SUM their copies' gradients
     // (the shards they own with a sharded optimizer), blocking, before the optimizer (PP).
     const double mirror_ar =
@@ -1020,7 +1047,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   const double tokens = d(tr.global_batch) * d(tr.seq_len);
   est.model_flops = model_flops_per_step(model, tr.global_batch, tr.seq_len);
   est.hardware_flops = hardware_flops_per_step(model, tr.global_batch, tr.seq_len, l.recompute);
-  const double peak = tr.dtype == Dtype::fp8 && c.gpu.peak_fp8_flops > 0 ? c.gpu.peak_fp8_flops : c.gpu.peak_bf16_flops;
+  const double peak = mfu_peak_flops(c.gpu, tr);
   if (est.step_time_s > 0) {
     est.tokens_per_s = tokens / est.step_time_s;
     est.tflops_per_gpu = est.model_flops / est.step_time_s / gpus / 1e12;

@@ -30,6 +30,7 @@
 
 #include <unistd.h>
 
+#include "models/precision.hpp"
 #include "models/checked.hpp"
 #include "models/compute_cost.hpp"
 #include "models/errors.hpp"
@@ -849,8 +850,7 @@ StepResult Simulation::run() {
   res.model_flops = model_flops_per_step(e.model, e.training.global_batch, e.training.seq_len);
   res.hardware_flops = hardware_flops_per_step(e.model, e.training.global_batch, e.training.seq_len, l.recompute);
   const double gpus = static_cast<double>(res.gpus);
-  const double peak = e.training.dtype == Dtype::fp8 && e.cluster.gpu.peak_fp8_flops > 0 ? e.cluster.gpu.peak_fp8_flops
-                                                                                        : e.cluster.gpu.peak_bf16_flops;
+  const double peak = mfu_peak_flops(e.cluster.gpu, e.training);
   if (res.step_time_s > 0) {
     res.tflops_per_gpu = res.model_flops / res.step_time_s / gpus / 1e12;
     res.hardware_tflops_per_gpu = res.hardware_flops / res.step_time_s / gpus / 1e12;

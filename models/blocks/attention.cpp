@@ -172,7 +172,7 @@ void AttentionBlock::activation_terms(const ActivationShape& a, std::vector<Acti
   const double sb = a.s * a.b;
   const double h = static_cast<double>(a.m.hidden), qw = static_cast<double>(a.m.heads * a.m.head_dim()),
                kvw = static_cast<double>(a.m.kv_heads * a.m.head_dim());
-  out.push_back({"qkv_input", 2.0 * sb * h, Split::sequence, false, true});
+  out.push_back({"qkv_input", 2.0 * sb * h, Split::sequence, false, true, true});
   out.push_back({"q", 2.0 * sb * qw, Split::tensor});
   out.push_back({"k", 2.0 * sb * kvw, Split::tensor});
   out.push_back({"v", 2.0 * sb * kvw, Split::tensor});

@@ -50,6 +50,12 @@ struct ActivationTerm {
   bool selective_recomputed = false;
   /// The block's input tensor (the layer's input when the block is the layer's first).
   bool input = false;
+  /// Read only by a linear GEMM that keeps it for its weight gradient: under a low-precision
+  /// recipe Transformer Engine keeps its quantized columnwise copy instead (linear.py /
+  /// layernorm_linear.py save the quantized input; models/precision.hpp), scaled by
+  /// ActivationShape::gemm_input_scale. Tensors another kernel also keeps in BF16 (the
+  /// attention output FlashAttention saves for its backward) are not marked.
+  bool gemm_input = false;
 };
 
 /// Sizes activation terms are counted at: b sequences of s local query tokens attending to
@@ -63,6 +69,9 @@ struct ActivationShape {
   /// MoE layers: the busiest EP rank's load factor (models/moe.hpp moe_load_factor): its
   /// routed-token tensors scale with it. 1 for a dense layer or balanced routing.
   double moe_load = 1.0;
+  /// Bytes of a kept GEMM input (ActivationTerm::gemm_input) relative to BF16: the
+  /// recipe's quantized bytes per element / 2 in a low-precision layer, else 1.
+  double gemm_input_scale = 1.0;
 };
 
 class Block {

@@ -1,6 +1,7 @@
 #include "models/blocks/block_context.hpp"
 
 #include "models/compute_cost.hpp"
+#include "models/precision.hpp"
 
 namespace dtsim::blocks {
 
@@ -51,6 +52,15 @@ void BlockContext::append_compute(Op op, double attention_work) {
 void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double flops, double rows, double cols,
                         double inner, Transpose transpose, bool linear, int kernels, double weight_copies,
                         bool weight_is_output) {
+  const bool low = linear && layer >= 0 && layer_low_precision(e.training, m.layers, layer);
+  const PrecisionRecipe& rec = precision_recipe(e.training.precision);
+  if (low && transpose == Transpose::b) {
+    const std::tuple<int, int, int, int, double, double> key{layer, mb, static_cast<int>(ph), cur_chunk, rows, inner};
+    if (key != last_cast_) quantize("quantize", ph, layer, mb, rows, inner);
+    last_cast_ = key;
+  } else if (low && transpose == Transpose::none) {
+    quantize("quantize_grad", ph, layer, mb, rows, inner);
+  }
   Op op;
   op.type = OpType::compute;
   op.name = name;
@@ -60,10 +70,19 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
   op.micro_batch = mb;
   op.kernel = KernelKind::gemm;
   op.flops = flops;
-  // (m x k) @ (k x n): read both operands, write the result; a grouped GEMM's weight (B, or
-  // the result for a weight gradient) once per expert.
-  op.bytes = kAct * (rows * inner + inner * cols * (weight_is_output ? 1.0 : weight_copies) +
-                     rows * cols * (weight_is_output ? weight_copies : 1.0));
+  // (m x k) @ (k x n): read both operands, write the result (bf16); a grouped GEMM's weight
+  // (B, or the result for a weight gradient) once per expert. Quantized operands of a
+  // low-precision GEMM at the recipe's bytes per element (scales included).
+  // A is an activation or gradient (X, dY, X^T); B the weight, or dY for a weight gradient.
+  if (low) {
+    const double a_bytes = rec.activation_copy_bytes();
+    const double b_bytes = transpose == Transpose::a ? rec.activation_copy_bytes() : rec.weight_copy_bytes();
+    op.bytes = a_bytes * rows * inner + b_bytes * inner * cols * (weight_is_output ? 1.0 : weight_copies) +
+               kAct * rows * cols * (weight_is_output ? weight_copies : 1.0);
+  } else {
+    op.bytes = kAct * (rows * inner + inner * cols * (weight_is_output ? 1.0 : weight_copies) +
+                       rows * cols * (weight_is_output ? weight_copies : 1.0));
+  }
   op.gemm.m = static_cast<int64_t>(rows);
   op.gemm.n = static_cast<int64_t>(cols);
   op.gemm.k = static_cast<int64_t>(inner);
@@ -76,6 +95,14 @@ void BlockContext::gemm(const char* name, Phase ph, int layer, int mb, double fl
     op.gemm_group_split_k = weight_is_output;
   }
   append_compute(op, 1.0);
+}
+
+void BlockContext::quantize(const char* name, Phase ph, int layer, int mb, double rows, double cols) {
+  const PrecisionRecipe& r = precision_recipe(e.training.precision);
+  const double n = rows * cols;
+  // Read BF16, write the rowwise and columnwise copies; an amax pass reads it once more.
+  compute(name, ph, layer, mb, KernelKind::memory, 0, n * (kAct * (r.amax_pass ? 2.0 : 1.0) + 2.0 * r.activation_copy_bytes()),
+          r.amax_pass ? 2 : 1);
 }
 
 Op BlockContext::collective_op(OpType type, const char* name, Phase ph, int layer, int mb, CommKind kind,

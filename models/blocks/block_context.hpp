@@ -13,6 +13,7 @@
 //   norm_tokens = b s / t with sequence parallelism (norms run on sequence shards), else b s.
 // Collectives follow ../shared/design/MATH.md (models/plan.hpp carries the rules).
 #include <cstdint>
+#include <tuple>
 
 #include "models/experiment.hpp"
 #include "models/flops.hpp"
@@ -47,6 +48,14 @@ class BlockContext {
   /// `linear`): a linear layer's GEMM is timed in the training dtype, the others (the unfused
   /// attention GEMMs, `linear` false) in bf16 (Transformer Engine's FP8 recipe keeps
   /// dot-product attention in higher precision).
+  /// Under a low-precision recipe (models/precision.hpp) a linear GEMM of a low-precision
+  /// layer reads its operands quantized (element and scale bytes), and Transformer Engine's
+  /// casts come before it as a memory-bound "quantize" op: the input of a forward GEMM
+  /// (Transpose::b; once for GEMMs sharing it, as the up and gate projections) and the output
+  /// gradient of an input-gradient GEMM (Transpose::none), each read in BF16 and written
+  /// rowwise and columnwise (plus one more read for its amax where the recipe needs it). The
+  /// weight-gradient GEMM reads the columnwise copies those wrote; weights are cast once per
+  /// step (models/plan.cpp, weight_quantize).
   /// `kernels`: launches the op stands for (a grouped GEMM: one per local expert).
   /// `weight_copies`: a grouped GEMM over that many experts, each with its own weight, so the
   /// weight operand (B, the k x n of a forward or input-gradient GEMM) or, with
@@ -151,7 +160,13 @@ class BlockContext {
   /// A collective or issue op of `type` with the fields both carry (its chunk: cur_chunk).
   Op collective_op(OpType type, const char* name, Phase ph, int layer, int mb, CommKind kind, Collective c,
                    GroupKind g, double size) const;
+  /// Appends the cast of a `rows` x `cols` BF16 tensor to the recipe's rowwise and
+  /// columnwise copies (BlockContext::gemm).
+  void quantize(const char* name, Phase ph, int layer, int mb, double rows, double cols);
   bool weight_part_ = false;
+  /// The forward GEMM input cast last (layer, micro-batch, phase, chunk, rows, cols): a
+  /// GEMM reading the same input does not cast it again.
+  std::tuple<int, int, int, int, double, double> last_cast_{-1, -1, -1, -1, 0.0, 0.0};
 };
 
 template <class Dgrad, class Wgrad>

@@ -81,6 +81,9 @@ ForwardFlops Layer::forward_flops(const ModelSpec& m, double tokens, double s_kv
 std::vector<ActivationTerm> Layer::activation_terms(const ActivationShape& a) const {
   std::vector<ActivationTerm> out;
   for (const auto& b : blocks_) b->activation_terms(a, out);
+  if (a.gemm_input_scale != 1.0)
+    for (auto& term : out)
+      if (term.gemm_input) term.bytes *= a.gemm_input_scale;
   return out;
 }
 

@@ -4,12 +4,19 @@
 
 namespace dtsim::blocks {
 
+namespace {
+// The LM head stays in BF16 under every precision recipe: Megatron-Core's output_layer is
+// tensor_parallel.ColumnParallelLinear, not a Transformer Engine module, so fp8_autocast does
+// not reach it (megatron/core/models/gpt/gpt_model.py; models/precision.hpp).
+constexpr bool kLmHeadLinear = false;
+}  // namespace
+
 void LmHeadBlock::forward(BlockContext& c, int layer, int mb, Phase ph) const {
   const double tok = c.b * c.s;
   norm(c, "final_norm", ph, layer, mb);
   c.tp_enter(ph, layer, mb, "tp_allgather", false);
   c.gemm("lm_head", ph, layer, mb, lm_head_forward_flops(c.m, c.e.training.micro_batch, c.shape.tokens_local) / c.t,
-         tok, c.V / c.t, c.h, Transpose::b);
+         tok, c.V / c.t, c.h, Transpose::b, kLmHeadLinear);
   c.compute("cross_entropy", ph, layer, mb, KernelKind::memory, 0, kCrossEntropyFwdBytes * tok * c.V / c.t,
             kCrossEntropyFwdKernels);
   // Vocab-parallel cross entropy (Megatron-LM tensor_parallel/cross_entropy.py): the
@@ -41,8 +48,8 @@ void LmHeadBlock::backward(BlockContext& c, int layer, int mb, BackwardPart part
               kCrossEntropyBwdKernels);
   const double fl = lm_head_forward_flops(c.m, c.e.training.micro_batch, c.shape.tokens_local) / c.t;
   c.column_parallel_backward(
-      layer, mb, part, [&] { c.gemm("lm_head_dgrad", ph, layer, mb, fl, tok, c.h, c.V / c.t, Transpose::none); },
-      [&] { c.gemm("lm_head_wgrad", ph, layer, mb, fl, c.h, c.V / c.t, tok, Transpose::a); });
+      layer, mb, part, [&] { c.gemm("lm_head_dgrad", ph, layer, mb, fl, tok, c.h, c.V / c.t, Transpose::none, kLmHeadLinear); },
+      [&] { c.gemm("lm_head_wgrad", ph, layer, mb, fl, c.h, c.V / c.t, tok, Transpose::a, kLmHeadLinear); });
   if (in) norm(c, "final_norm_bwd", ph, layer, mb);
 }
 

@@ -166,13 +166,13 @@ void MlaBlock::activation_terms(const ActivationShape& a, std::vector<Activation
   const double dq = static_cast<double>(x.q_lora_rank), dc = static_cast<double>(x.kv_lora_rank);
   const double qk = static_cast<double>(x.qk_nope_head_dim + x.qk_rope_head_dim);
   const double dv = static_cast<double>(x.v_head_dim);
-  out.push_back({"mla_down_input", 2.0 * sb * h, Split::sequence, false, true});
+  out.push_back({"mla_down_input", 2.0 * sb * h, Split::sequence, false, true, true});
   if (dq > 0) {
     out.push_back({"q_latent", 2.0 * sb * dq, Split::sequence});
-    out.push_back({"q_latent_norm", 2.0 * sb * dq, Split::sequence});
+    out.push_back({"q_latent_norm", 2.0 * sb * dq, Split::sequence, false, false, true});
   }
   out.push_back({"kv_latent", 2.0 * sb * dc, Split::sequence});
-  out.push_back({"kv_latent_norm", 2.0 * sb * dc, Split::sequence});
+  out.push_back({"kv_latent_norm", 2.0 * sb * dc, Split::sequence, false, false, true});
   out.push_back({"q", 2.0 * sb * n * qk, Split::tensor});
   out.push_back({"k", 2.0 * sb * n * qk, Split::tensor});
   out.push_back({"v", 2.0 * sb * n * dv, Split::tensor});

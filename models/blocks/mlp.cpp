@@ -27,13 +27,13 @@ void MlpBlock::activation_terms(const ActivationShape& a, std::vector<Activation
   using Split = ActivationTerm::Split;
   const double sb = a.s * a.b;
   const double h = static_cast<double>(a.m.hidden), f = static_cast<double>(a.m.ffn_hidden);
-  out.push_back({"mlp_input", 2.0 * sb * h, Split::sequence, false, true});
+  out.push_back({"mlp_input", 2.0 * sb * h, Split::sequence, false, true, true});
   if (a.m.activation == Activation::swiglu) {
     out.push_back({"fc1_output", 4.0 * sb * f, Split::tensor});
-    out.push_back({"swiglu_output", 2.0 * sb * f, Split::tensor});
+    out.push_back({"swiglu_output", 2.0 * sb * f, Split::tensor, false, false, true});
   } else {
     out.push_back({"fc1_output", 2.0 * sb * f, Split::tensor});
-    out.push_back({"gelu_output", 2.0 * sb * f, Split::tensor});
+    out.push_back({"gelu_output", 2.0 * sb * f, Split::tensor, false, false, true});
   }
 }
 

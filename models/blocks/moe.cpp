@@ -47,13 +47,13 @@ void MoeBlock::activation_terms(const ActivationShape& a, std::vector<Activation
   const double copies = sb * k * a.moe_load;
   out.push_back({"moe_input", kAct * sb * h, Split::sequence, false, true});
   out.push_back({"router_scores", kRouterScoreBytes * sb * (E + k), Split::sequence});
-  out.push_back({"expert_input", kAct * copies * h, Split::sequence});
+  out.push_back({"expert_input", kAct * copies * h, Split::sequence, false, false, true});
   out.push_back({"expert_fc1_output", 2.0 * kAct * copies * fe, Split::sequence});
-  out.push_back({"expert_swiglu_output", kAct * copies * fe, Split::sequence});
+  out.push_back({"expert_swiglu_output", kAct * copies * fe, Split::sequence, false, false, true});
   out.push_back({"expert_output", kAct * copies * h, Split::sequence});
   if (fs > 0) {
     out.push_back({"shared_fc1_output", 2.0 * kAct * sb * fs, Split::tensor});
-    out.push_back({"shared_swiglu_output", kAct * sb * fs, Split::tensor});
+    out.push_back({"shared_swiglu_output", kAct * sb * fs, Split::tensor, false, false, true});
   }
 }
 

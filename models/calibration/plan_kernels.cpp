@@ -5,6 +5,8 @@
 #include <set>
 #include <string_view>
 
+#include "models/compute_cost.hpp"
+
 namespace dtsim::calib {
 
 namespace {
@@ -70,7 +72,7 @@ std::optional<OpKernel> kernel_for_op(const Op& op, const Experiment& exp) {
   if (op.gemm.m <= 0 || op.gemm.n <= 0 || op.gemm.k <= 0) return std::nullopt;
   k.kind = KernelClass::gemm;
   k.gemm = op.gemm;
-  k.gemm.dtype = op.gemm_linear ? exp.training.dtype : Dtype::bf16;
+  k.gemm.dtype = op_gemm_dtype(op, exp);
   if (op.gemm_groups > 1) {
     // A grouped GEMM: one GEMM per local expert over its share of the token rows.
     int64_t& rows = op.gemm_group_split_k ? k.gemm.k : k.gemm.m;

@@ -363,6 +363,8 @@ enum class Fn {
   chain, ce_reduce, regather, cp_kv, cp_dkv, dp_grad, dp_param_gather, sp_grad_allreduce, embed_grad, mirror_grad,
   // p2p and waits
   send, recv, wait,
+  // a precision recipe's casts (models/precision.hpp)
+  cast,
 };
 
 inline const std::unordered_map<std::string_view, Fn>& fn_table() {
@@ -387,6 +389,10 @@ inline const std::unordered_map<std::string_view, Fn>& fn_table() {
       {"attention_scores_bwd", Fn::attention_scores_bwd}, {"rope_bwd", Fn::rope_bwd},
       {"qkv_dgrad", Fn::qkv_dgrad}, {"qkv_wgrad", Fn::qkv_wgrad}, {"input_norm_bwd", Fn::input_norm_bwd},
       {"embedding_bwd", Fn::embedding_bwd}, {"optimizer_adam", Fn::optimizer_adam},
+      // A precision recipe's casts (models/blocks/block_context.hpp quantize, plan.cpp
+      // weight_quantize): they round values, which exact arithmetic does not model; the
+      // verifier checks the parallel decomposition, so a cast is the identity here.
+      {"quantize", Fn::cast}, {"quantize_grad", Fn::cast}, {"weight_quantize", Fn::cast},
       {"tp_allreduce", Fn::chain}, {"tp_reducescatter", Fn::chain}, {"tp_allgather", Fn::chain},
       {"pp_tp_allgather", Fn::chain}, {"tp_allreduce_loss", Fn::ce_reduce}, {"tp_allreduce_loss_max", Fn::ce_reduce},
       {"tp_allgather_input", Fn::regather}, {"cp_kv_allgather", Fn::cp_kv},

@@ -42,6 +42,7 @@ void Interpreter::Impl::run_op(int st, size_t idx, const Op& op, Fn fn) {
     case Fn::embed_grad: die(op, "an embedding-group collective outside the scheduler's rendezvous");
     case Fn::mirror_grad: die(op, "a DualPipe mirror collective outside the scheduler's rendezvous");
     case Fn::optimizer_adam: optimizer(st, op); return;
+    case Fn::cast: return;  // the identity in exact arithmetic (interpreter_impl.hpp fn_table)
     default:
       if (op.type != OpType::compute) die(op, "is a compute name on a non-compute op");
       for (int li : stage_lanes[sz(st)]) compute(lanes[sz(li)], fn, op);

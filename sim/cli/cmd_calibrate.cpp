@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "models/precision.hpp"
 #include "models/calibration/measure.hpp"
 #include "models/calibration/plan_kernels.hpp"
 #include "models/calibration/profile.hpp"
@@ -89,7 +90,7 @@ int check_layer(const CalibrateOptions& o, Experiment exp) {
   for (const Op* op : ops) {
     const ComputeTime t = compute_time(*op, exp);
     predicted += t.seconds;
-    roofline += compute_time(*op, exp.cluster.gpu, exp.training.dtype);
+    roofline += compute_time(*op, exp.cluster.gpu, op_gemm_dtype(*op, exp));
     ++by_source[static_cast<int>(t.source)];
     if (auto k = calib::kernel_for_op(*op, exp)) kernels.push_back(*k);
   }

@@ -15,6 +15,7 @@
 #include "models/blocks/layer.hpp"
 #include "models/blocks/mla.hpp"
 #include "models/calibration/plan_kernels.hpp"
+#include "models/compute_cost.hpp"
 #include "models/experiment_io.hpp"
 #include "models/flops.hpp"
 #include "models/moe.hpp"
@@ -187,7 +188,9 @@ void check_experiment(const Experiment& e) {
   // Memory's per-layer figure is the stage's layers' (the layer-0 figure when all are alike).
   EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
             stage_layer_activation_bytes(e, 0, l.recompute, e.training.flash_attention));
-  if (!m.moe.enabled() && m.attention.window <= 0) {
+  // (layer_activation_bytes is the BF16 figure: a low-precision recipe keeps GEMM inputs
+  // quantized, models/precision.hpp, tests/unit/test_precision.cpp.)
+  if (!m.moe.enabled() && m.attention.window <= 0 && e.training.precision == Precision::bf16) {
     EXPECT_EQ(stage_activations(e, 0).per_layer_bytes,
               layer_activation_bytes(m, s, e.training.micro_batch, seq, l.tp, sp, l.recompute,
                                      e.training.flash_attention));
@@ -225,7 +228,7 @@ void check_experiment(const Experiment& e) {
       if (op.kernel == KernelKind::gemm) {
         EXPECT_EQ(k->spec.kind, calib::KernelClass::gemm) << op.name;
         EXPECT_GT(op.gemm.m * op.gemm.n * op.gemm.k, 0) << op.name;
-        EXPECT_EQ(k->spec.gemm.dtype, op.gemm_linear ? e.training.dtype : Dtype::bf16) << op.name;
+        EXPECT_EQ(k->spec.gemm.dtype, op_gemm_dtype(op, e)) << op.name;
       }
     }
   };

@@ -285,7 +285,7 @@ TEST(CalibrationCost, ProfileSourcesInThePlan) {
   EXPECT_EQ(src["post_attention_norm"], TimeSource::profile_fitted);  // never measured: the "*" model
   EXPECT_EQ(src["optimizer_adam"], TimeSource::profile_interpolated);  // 5.0e8 params, between 1e8 and 1e9
   // fp8 GEMMs: no fp8 model in the profile -> roofline, equal to the plain cost model.
-  e.training.dtype = Dtype::fp8;
+  e.training.precision = Precision::fp8_delayed;
   for (const auto& op : plan.stages[0].ops)
     if (op.type == OpType::compute && op.name == std::string("qkv")) {
       const ComputeTime t = compute_time(op, e);

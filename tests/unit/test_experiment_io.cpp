@@ -115,7 +115,7 @@ TEST(ExperimentIo, BaseParsesWithPresetsAndDefaults) {
   EXPECT_EQ(e.layout.zero_stage, 0);
   EXPECT_FALSE(e.layout.sequence_parallel);
   EXPECT_EQ(e.layout.recompute, Recompute::none);
-  EXPECT_EQ(e.training.dtype, Dtype::bf16);
+  EXPECT_EQ(e.training.precision, Precision::bf16);
   EXPECT_TRUE(e.training.flash_attention);
   EXPECT_TRUE(e.training.overlap_grad_reduce);
   EXPECT_EQ(e.training.framework, Framework::megatron);
@@ -154,7 +154,7 @@ published: {step_time_s: 1.5, tflops_per_gpu: 100, tflops_basis: hardware, mfu: 
   EXPECT_EQ(e.layout.dp, 2);  // auto = 8 / (2*1*2)
   EXPECT_EQ(e.layout.zero_stage, 3);
   EXPECT_EQ(e.layout.recompute, Recompute::full);
-  EXPECT_EQ(e.training.dtype, Dtype::fp8);
+  EXPECT_EQ(e.training.precision, Precision::fp8_delayed);
   EXPECT_EQ(e.training.framework, Framework::zero_paper);
   EXPECT_DOUBLE_EQ(e.published.step_time_s, 1.5);
   EXPECT_DOUBLE_EQ(e.published.mfu, 0.4);
@@ -538,7 +538,9 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
     const auto ps = problems(with_line("  micro_batch: 2", "  lr: 0.1"));
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0], "exp.yaml: unknown key training.lr (valid keys under training: seq_len, global_batch, "
-                     "micro_batch, dtype, flash_attention, overlap_grad_reduce, framework, main_grad, "
+                     "micro_batch, precision, dtype, fp8_param_gather, first_last_layers_bf16, "
+                     "num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, flash_attention, overlap_grad_reduce, "
+                     "framework, main_grad, "
                      "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
                      "overlap_p2p, moe_token_dispatcher, moe_deepep_num_sms, moe_hybridep_num_sms, "
                      "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap, cuda_graphs)");
