@@ -420,6 +420,33 @@ std::string format_explain(const Experiment& exp, const StepPlan& plan, const Ex
   os << fmt::format("  batch     {} sequences x {} tokens per step = micro-batch {} x DP {} x {} micro-batches "
                     "(only DP multiplies independent data)\n",
                     tr.global_batch, tr.seq_len, tr.micro_batch, l.dp, accumulation);
+  {
+    // The precision recipe (models/precision.hpp), read from the plan's ops: what runs at
+    // which rate, and the casts it adds on stage 0.
+    const PrecisionRecipe& rec = precision_recipe(tr.precision);
+    const GpuSpec& gpu = exp.cluster.gpu;
+    if (!rec.low_precision()) {
+      os << fmt::format("  precision bf16: every GEMM at the BF16 rate {:.0f} TFLOP/s\n", gpu.peak_bf16_flops / 1e12);
+    } else {
+      double cast_bytes = 0, cast_time = 0, weight_cast = 0;
+      int64_t casts = 0;
+      for (const Op& op : plan.stages.front().ops) {
+        const std::string_view n = op.name;
+        if (n == "quantize" || n == "quantize_grad") cast_bytes += op.bytes, cast_time += op.time_s, ++casts;
+        if (n == "weight_quantize") weight_cast += op.bytes;
+      }
+      const int64_t low =
+          static_cast<int64_t>(std::llround(low_precision_layer_fraction(tr, m.layers) * static_cast<double>(m.layers)));
+      os << fmt::format(
+          "  precision {} ({}): the linear GEMMs of {} of {} layers at the {} rate {:.0f} TFLOP/s; attention core, LM "
+          "head, router{} in BF16 ({:.0f} TFLOP/s). Casts on stage 0: {} per step, {} read + written, {:.3g} ms; "
+          "weights once per step, {}. Source: {}\n",
+          rec.name, rec.megatron, low, m.layers, to_string(rec.gemm_dtype),
+          gemm_peak_flops(gpu, rec.gemm_dtype) / 1e12, tr.first_last_layers_bf16 ? ", first / last layers" : "",
+          gpu.peak_bf16_flops / 1e12, casts, format_bytes(cast_bytes), cast_time * 1e3, format_bytes(weight_cast),
+          rec.source);
+    }
+  }
   os << "  method    for each split: which dimension is cut, and does a rank hold independent data, a slice of one\n"
         "            result, or a shard of state? That decides the collective, its reduce op, its size and whether\n"
         "            it can hide behind compute. Every line below is read from the step plan `dtsim run` simulates.\n";
