@@ -379,7 +379,7 @@ class Reader {
 };
 
 // torchrun / python -m torch.distributed.run flags: --nnodes N (or MIN:MAX), --nproc_per_node /
-// --nproc-per-node N (torch/distributed/run.py get_args_parser).
+// --nproc-per-node N (torch/distributed/run.py get_args_parser); srun's --nodes / -N.
 struct Launcher {
   std::optional<int64_t> nnodes, nproc_per_node;
 };
@@ -399,6 +399,11 @@ Launcher read_launcher(const std::vector<std::string>& words) {
       l.nnodes = text::to_int(colon == std::string::npos ? v : v.substr(colon + 1));
     }
     if (w == "--nproc_per_node" || w == "--nproc-per-node") l.nproc_per_node = text::to_int(v);
+    // srun (Slurm): --nodes / -N, --ntasks-per-node.
+    if (!words.empty() && words[0].size() >= 4 && words[0].compare(words[0].size() - 4, 4, "srun") == 0) {
+      if (w == "--nodes" || w == "-N") l.nnodes = text::to_int(v);
+      if (w == "--ntasks-per-node") l.nproc_per_node = text::to_int(v);
+    }
   }
   return l;
 }
@@ -471,7 +476,7 @@ std::vector<std::string> megatron_args(const Experiment& e, MegatronScope scope,
     val("--num-layers", num(m.layers));
     val("--hidden-size", num(m.hidden));
     val("--num-attention-heads", num(m.heads));
-    if (m.kv_heads > 0 && m.kv_heads != m.heads) {
+    if (m.kv_heads > 0 && m.kv_heads != m.heads && !m.mla.enabled()) {  // A: GQA and MLA are exclusive
       sw("--group-query-attention");
       val("--num-query-groups", num(m.kv_heads));
     }
@@ -740,7 +745,7 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   }
   model["position"] = position;
   model["tied_embeddings"] = !r.has("--untie-embeddings-and-output-weights");
-  const auto seq = r.integer("--seq-length", 1) ? r.integer("--seq-length", 1) : r.integer("--encoder-seq-length", 1);
+  const auto seq = r.has("--seq-length") ? r.integer("--seq-length", 1) : r.integer("--encoder-seq-length", 1);
   if (!seq) r.problem("--seq-length: missing (Megatron-LM requires it)");
   if (auto mp = r.integer("--max-position-embeddings", 1)) model["max_position_embeddings"] = *mp;
   else if (position == "learned" && seq) model["max_position_embeddings"] = *seq;
@@ -1018,6 +1023,9 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   }
   const std::string body = emit(root);
   out.experiment = parse_experiment(body, src + " (imported)", {}, base_dir);
+  if (launcher.nproc_per_node && *launcher.nproc_per_node != out.experiment.cluster.gpus_per_node)
+    out.notes.push_back("torchrun --nproc_per_node " + num(*launcher.nproc_per_node) + " differs from the cluster's " +
+                        num(out.experiment.cluster.gpus_per_node) + " GPUs per node (the cluster counts)");
 
   std::string head = "# Imported by `dtsim import megatron` from " + src + "\n";
   if (!cmd.script.empty()) head += "# launch: " + shell_join(cmd.launcher) + (cmd.launcher.empty() ? "" : " ") + cmd.script + " ...\n";
