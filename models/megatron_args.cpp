@@ -976,8 +976,15 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
       throw InputError("--cluster " + o.cluster_file + ": has no `cluster:` map");
     cluster = YAML::Clone(f["cluster"]);
     const YAML::Node& c = cluster;
-    if (c["gpu"] && c["gpu"].IsMap() && c["gpu"]["profile"])
-      out.notes.push_back("cluster.gpu.profile is relative to " + o.cluster_file + "; check it from the output's directory");
+    if (c["gpu"] && c["gpu"].IsMap() && c["gpu"]["profile"] && c["gpu"]["profile"].IsScalar()) {
+      // A relative profile path is relative to the cluster file: made absolute for the output.
+      const std::filesystem::path prof = c["gpu"]["profile"].Scalar();
+      if (prof.is_relative()) {
+        const std::string abs = (std::filesystem::absolute(o.cluster_file).parent_path() / prof).lexically_normal().string();
+        cluster["gpu"]["profile"] = abs;
+        out.notes.push_back("cluster.gpu.profile " + prof.string() + " (relative to " + o.cluster_file + ") written as " + abs);
+      }
+    }
   }
   if (!o.node.empty()) cluster["node"] = o.node;
   const YAML::Node& cc = cluster;
