@@ -101,6 +101,11 @@ const std::map<std::string, FlagDef>& flag_table() {
       {"--qk-pos-emb-head-dim", {Kind::mapped, 1, "A _add_mla_args --qk-pos-emb-head-dim (64)"}},
       {"--v-head-dim", {Kind::mapped, 1, "A _add_mla_args --v-head-dim (128)"}},
       {"--mtp-num-layers", {Kind::mapped, 1, "TC mtp_num_layers"}},
+      {"--window-size", {Kind::mapped, 1, "TC window_size (A tuple_type: \"left,right\"; -1 = infinite)"}},
+      {"--window-attn-skip-freq",
+       {Kind::mapped, 1, "TC window_attn_skip_freq (A moe_freq_type; megatron/core/transformer/utils.py "
+                         "is_layer_window_attention: 1-based layer n windowed iff n % N != 0, or list[n-1])"}},
+      {"--softmax-type", {Kind::mapped, 1, "TC softmax_type (vanilla | off-by-one | learnable: learned sinks)"}},
       // ---- layout ----
       {"--tensor-model-parallel-size", {Kind::mapped, 1, "MP tensor_model_parallel_size"}},
       {"--pipeline-model-parallel-size", {Kind::mapped, 1, "MP pipeline_model_parallel_size"}},
@@ -183,7 +188,7 @@ const std::set<std::string> kNotModeled = {
     "--no-bias-dropout-fusion", "--no-rope-fusion", "--calculate-per-token-loss", "--moe-router-dtype",
     "--moe-permute-fusion", "--no-gradient-accumulation-fusion", "--use-precision-aware-optimizer", "--qk-layernorm",
     "--step-batch-size-schedule", "--rampup-batch-size", "--attention-softmax-in-fp32", "--recompute-modules",
-    "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--window-size", "--window-attn-skip-freq", "--optimizer",
+    "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--optimizer",
     "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--use-legacy-models",
     "--moe-use-legacy-grouped-gemm", "--moe-router-fusion", "--tp-comm-overlap-cfg", "--tp-comm-bootstrap-backend",
     "--align-param-gather", "--ddp-num-buckets", "--ddp-average-in-collective", "--num-distributed-optimizer-instances",
@@ -554,7 +559,26 @@ std::vector<std::string> megatron_args(const Experiment& e, MegatronScope scope,
       val("--v-head-dim", num(m.mla.v_head_dim));
     }
     if (m.mtp_layers > 0) val("--mtp-num-layers", num(m.mtp_layers));
-    if (m.attention.window > 0) miss("model.attention (window " + num(m.attention.window) + "): not exported");
+    if (m.attention.window > 0 && m.attention.chunked) {
+      miss("model.attention chunked (window " + num(m.attention.window) + "): no Megatron-LM flag");
+    } else if (m.attention.window > 0) {
+      // A query sees window - 1 earlier tokens and itself (GPT-OSS: --window-size 127,0 for 128).
+      val("--window-size", num(m.attention.window - 1) + ",0");
+      const auto& pat = m.attention.window_pattern;
+      if (!pat.empty()) {
+        const size_t n = pat.size();
+        bool periodic = n >= 2 && pat[n - 1] == 0;
+        for (size_t i = 0; i + 1 < n; ++i) periodic = periodic && pat[i] != 0;
+        if (periodic) {
+          val("--window-attn-skip-freq", num(static_cast<int64_t>(n)));
+        } else {
+          std::string l = "[";
+          for (int64_t i = 0; i < m.layers; ++i) l += (i ? "," : "") + std::string(m.attention.windowed(i) ? "1" : "0");
+          val("--window-attn-skip-freq", l + "]");
+        }
+      }
+    }
+    if (m.attention.sinks) val("--softmax-type", "learnable");
   }
 
   // Layout.
@@ -861,6 +885,45 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
     model["mla"] = x;
   }
   if (auto n = r.integer("--mtp-num-layers", 0)) model["mtp_layers"] = *n;
+  // Sliding-window attention and sinks (model.attention).
+  {
+    YAML::Node att(YAML::NodeType::Map);
+    if (r.has("--window-size")) {
+      std::string v = r.str("--window-size");
+      v.erase(std::remove(v.begin(), v.end(), '('), v.end());
+      v.erase(std::remove(v.begin(), v.end(), ')'), v.end());
+      const size_t comma = v.find(',');
+      const auto left = text::to_int(v.substr(0, comma));
+      const auto right = comma == std::string::npos ? std::optional<int64_t>() : text::to_int(v.substr(comma + 1));
+      if (!left || !right || *left < -1)
+        r.problem("--window-size " + text::quote(r.str("--window-size")) + ": expected \"left,right\" integers (-1 = infinite)");
+      else if (*right != 0 && *right != -1)
+        r.problem("--window-size " + text::quote(r.str("--window-size")) + ": dtsim models causal windows (right 0)");
+      else if (*left >= 0)
+        att["window"] = *left + 1;
+    }
+    if (r.has("--window-attn-skip-freq") && att["window"]) {
+      const std::string v = r.str("--window-attn-skip-freq");
+      YAML::Node list(YAML::NodeType::Sequence);
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      if (v.find('[') == std::string::npos) {
+        if (auto n = r.integer("--window-attn-skip-freq", 1))
+          for (int64_t i = 0; i < *n; ++i) list.push_back(int64_t{i + 1 < *n ? 1 : 0});
+      } else {
+        try {
+          for (int64_t x : eval_layer_list(v, "--window-attn-skip-freq")) list.push_back(x);
+        } catch (const InputError& e) {
+          for (const auto& p : e.problems()) r.problem(p);
+        }
+      }
+      if (list.size() > 0) att["window_pattern"] = list;
+    }
+    if (auto st = r.choice("--softmax-type", {"vanilla", "off-by-one", "learnable"})) {
+      if (*st == "learnable") att["sinks"] = true;
+      if (*st == "off-by-one") out.notes.push_back("--softmax-type off-by-one: a fixed offset, no parameters; timed as vanilla");
+    }
+    if (att.size() > 0) model["attention"] = att;
+  }
 
   // 3. Layout.
   const int64_t pp = r.integer("--pipeline-model-parallel-size", 1).value_or(1);

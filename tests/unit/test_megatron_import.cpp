@@ -447,3 +447,24 @@ TEST(MegatronRoundTripAll, EveryExpressibleShippedExperiment) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+// GPT-OSS's attention as Megatron-LM's examples/gptoss/02_train.sh launches it.
+TEST(MegatronImport, SlidingWindowAndSinks) {
+  std::vector<std::string> args = kSmall;
+  args.insert(args.end(), {"--window-size", "127,0", "--window-attn-skip-freq", "2", "--softmax-type", "learnable"});
+  const MegatronImport r = import_megatron(launch_from_words(args), h100(1));
+  const AttentionWindow& a = r.experiment.model.attention;
+  EXPECT_EQ(a.window, 128);
+  EXPECT_EQ(a.window_pattern, (std::vector<uint8_t>{1, 0}));
+  EXPECT_TRUE(a.sinks);
+  EXPECT_TRUE(a.windowed(0));
+  EXPECT_FALSE(a.windowed(1));
+  args.insert(args.end(), {"--window-size", "(127,5)"});
+  EXPECT_THROW(import_megatron(launch_from_words(args), h100(1)), InputError);
+}
+
+}  // namespace
+}  // namespace dtsim
