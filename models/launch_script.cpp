@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -185,6 +186,13 @@ class Shell {
 
   /// Fields of a raw word (split = false: one field, as the value of an assignment).
   std::vector<std::string> expand(const std::string& raw, bool split = true) {
+    // Nested expansions (${A:-${B:-...}}) recurse: bounded, deeper text is kept as written.
+    if (nesting_ > 64) return {raw};
+    struct Nest {
+      int& n;
+      explicit Nest(int& x) : n(++x) {}
+      ~Nest() { --n; }
+    } nest(nesting_);
     std::vector<std::string> fields;
     std::string cur;
     bool exists = false;
@@ -286,6 +294,7 @@ class Shell {
   }
 
  private:
+  int nesting_ = 0;
   /// Index of the bracket closing the one at `open` (same kind), or npos.
   static size_t matching(const std::string& s, size_t open, char o, char c) {
     int d = 0;
@@ -358,7 +367,7 @@ class Shell {
       if (rest.size() > 2 && rest.front() == '[' && rest.back() == ']') {
         auto v = lookup(name);
         const std::string idx = rest.substr(1, rest.size() - 2);
-        if (v && !idx.empty() && std::all_of(idx.begin(), idx.end(), ::isdigit)) {
+        if (v && !idx.empty() && idx.size() < 10 && std::all_of(idx.begin(), idx.end(), ::isdigit)) {
           const size_t k = std::stoul(idx);
           return std::vector<std::string>{k < v->items.size() ? v->items[k] : ""};
         }
@@ -403,23 +412,34 @@ class Shell {
   std::optional<int64_t> arithmetic(const std::string& e) {
     size_t p = 0;
     bool ok = true;
+    int depth = 0;
     std::function<int64_t()> sum, product, unary;
     auto skip = [&] {
       while (p < e.size() && is_space(e[p])) ++p;
     };
+    std::function<int64_t()> primary;
     unary = [&]() -> int64_t {
       skip();
-      if (p < e.size() && e[p] == '-') {
+      bool neg = false;
+      while (p < e.size() && (e[p] == '-' || e[p] == '+')) {  // a loop: no recursion per sign
+        if (e[p] == '-') neg = !neg;
         ++p;
-        return -unary();
+        skip();
       }
-      if (p < e.size() && e[p] == '+') {
-        ++p;
-        return unary();
-      }
+      const int64_t x = primary();
+      if (neg && x == INT64_MIN) ok = false;
+      return neg && x != INT64_MIN ? -x : x;
+    };
+    primary = [&]() -> int64_t {
       if (p < e.size() && e[p] == '(') {
         ++p;
+        if (++depth > 64) {
+          ok = false;
+          p = e.size();
+          return 0;
+        }
         const int64_t v = sum();
+        --depth;
         skip();
         if (p < e.size() && e[p] == ')') ++p;
         else ok = false;
@@ -427,7 +447,11 @@ class Shell {
       }
       if (p < e.size() && std::isdigit(static_cast<unsigned char>(e[p]))) {
         int64_t v = 0;
-        while (p < e.size() && std::isdigit(static_cast<unsigned char>(e[p]))) v = v * 10 + (e[p++] - '0');
+        while (p < e.size() && std::isdigit(static_cast<unsigned char>(e[p]))) {
+          if (v > (INT64_MAX - 9) / 10) ok = false;
+          else v = v * 10 + (e[p] - '0');
+          ++p;
+        }
         return v;
       }
       if (p < e.size() && is_name_start(e[p])) {
@@ -461,9 +485,13 @@ class Shell {
         if (p >= e.size() || (e[p] != '*' && e[p] != '/' && e[p] != '%')) return v;
         const char op = e[p++];
         const int64_t r = unary();
-        if (op == '*') v *= r;
-        else if (r == 0) ok = false;
-        else v = op == '/' ? v / r : v % r;
+        if (op == '*') {
+          if (__builtin_mul_overflow(v, r, &v)) ok = false;
+        } else if (r == 0 || (r == -1 && v == INT64_MIN)) {
+          ok = false;
+        } else {
+          v = op == '/' ? v / r : v % r;
+        }
       }
     };
     sum = [&]() -> int64_t {
@@ -473,7 +501,7 @@ class Shell {
         if (p >= e.size() || (e[p] != '+' && e[p] != '-')) return v;
         const char op = e[p++];
         const int64_t r = product();
-        v = op == '+' ? v + r : v - r;
+        if (op == '+' ? __builtin_add_overflow(v, r, &v) : __builtin_sub_overflow(v, r, &v)) ok = false;
       }
     };
     const int64_t v = sum();

@@ -236,6 +236,7 @@ struct ListParser {
   const std::string& s;
   const std::string& flag;
   size_t p = 0;
+  int depth = 0;
   [[noreturn]] void fail(const std::string& why) const {
     throw InputError(flag + " " + text::quote(s) + ": " + why +
                      " (a Python list expression of 0 / 1 such as \"([0]*3+[1]*58)\", or an integer)");
@@ -254,7 +255,9 @@ struct ListParser {
     if (p >= s.size()) fail("ends early");
     if (s[p] == '(') {
       ++p;
+      if (++depth > 64) fail("nested too deeply");
       Val v = sum();
+      --depth;
       skip();
       if (p >= s.size() || s[p] != ')') fail("missing ')'");
       ++p;
@@ -262,6 +265,7 @@ struct ListParser {
     }
     if (s[p] == '[') {
       ++p;
+      if (++depth > 64) fail("nested too deeply");
       Val v;
       v.is_list = true;
       skip();
@@ -305,6 +309,7 @@ struct ListParser {
       if (v.is_list == r.is_list) {
         if (v.is_list) fail("list * list");
         v.n *= r.n;
+        if (v.n > 1000000) fail("number too large");
         continue;
       }
       Val& l = v.is_list ? v : r;
@@ -328,6 +333,7 @@ struct ListParser {
       if (v.is_list != r.is_list) fail("list + integer");
       if (v.is_list) v.list.insert(v.list.end(), r.list.begin(), r.list.end());
       else v.n += r.n;
+      if (v.list.size() > 1000000 || v.n > 1000000) fail("too large");
     }
   }
 };

@@ -468,3 +468,48 @@ TEST(MegatronImport, SlidingWindowAndSinks) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+// Garbage in: the reader and the importer answer with a result or an InputError, never
+// anything else (no crash, no other exception), on random shell-ish text and deep nesting.
+TEST(LaunchScript, RandomAndHostileTextIsAnInputErrorOrAResult) {
+  const std::string alphabet = "ab=()[]{}$\"'\\#;|&<> \n\t-*+/%:!0123456789.py_@";
+  uint64_t x = 88172645463325252ull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  std::vector<std::string> inputs = {std::string(100000, '('), "X=$((" + std::string(50000, '(') + "1",
+                                     "X=$((" + std::string(100000, '-') + "1))\npython a.py --n $X",
+                                     "X=" + std::string(20000, '$') + "{", "python a.py --moe-layer-freq " +
+                                     std::string(50000, '[')};
+  std::string deep = "python a.py ${A:-";
+  for (int i = 0; i < 5000; ++i) deep += "${A:-";
+  inputs.push_back(deep);
+  for (int k = 0; k < 2000; ++k) {
+    std::string s = k % 2 ? "python pretrain_gpt.py " : "";
+    const size_t n = next() % 200;
+    for (size_t i = 0; i < n; ++i) s += alphabet[next() % alphabet.size()];
+    inputs.push_back(s);
+  }
+  int parsed = 0;
+  for (const auto& in : inputs) {
+    try {
+      const LaunchCommand c = read_launch_script(in, "fuzz.sh");
+      ++parsed;
+      try {
+        import_megatron(c, h100(1));
+      } catch (const InputError&) {
+      }
+    } catch (const InputError&) {
+    }
+  }
+  EXPECT_GT(parsed, 0);
+}
+
+}  // namespace
+}  // namespace dtsim
