@@ -513,3 +513,18 @@ TEST(LaunchScript, RandomAndHostileTextIsAnInputErrorOrAResult) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+TEST_F(MegatronCli, RunPrintsTheSameFlagsAsExport) {
+  const fs::path exp = kRoot / "experiments" / "moe" / "mixtral-8x7b-h100.yaml";
+  const cli_test::Outcome ex = dtsim("export megatron " + cli_test::shell_quote(exp.string()));
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  const cli_test::Outcome run = dtsim("run " + cli_test::shell_quote(exp.string()) + " --megatron-args");
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("  megatron_args: " + ex.out), std::string::npos) << run.out;
+}
+
+}  // namespace
+}  // namespace dtsim
