@@ -1111,7 +1111,15 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
           num(static_cast<int64_t>(out.not_understood.size())) + " not understood\n";
   head += comment_block("not understood (check them: dtsim does not know these flags)", out.not_understood);
   head += comment_block("not modeled (known to Megatron-LM; their effect is not in dtsim's model)", out.not_modeled);
-  if (!out.ignored.empty()) head += comment_block("ignored (no effect on step time/memory)", {text::join(out.ignored)});
+  if (!out.ignored.empty()) {  // one comma-separated list, wrapped at about 96 columns
+    std::vector<std::string> lines{""};
+    for (size_t i = 0; i < out.ignored.size(); ++i) {
+      const std::string item = out.ignored[i] + (i + 1 < out.ignored.size() ? "," : "");
+      if (!lines.back().empty() && lines.back().size() + 1 + item.size() > 92) lines.push_back("");
+      lines.back() += (lines.back().empty() ? "" : " ") + item;
+    }
+    head += comment_block("ignored (no effect on step time/memory)", lines);
+  }
   head += comment_block("notes", out.notes);
   if (out.experiment.training.dtype == Dtype::fp8)
     head += "# training.dtype fp8 stands for every --fp8-recipe until training.precision recipes land\n";
