@@ -56,6 +56,7 @@ int plan_command(const PlanOptions& o) {
       c["usd"] = x.usd;
       c["feasible"] = x.feasible;
       if (x.entry.ok) c["row"] = sweep::to_json(x.entry.chosen);
+      if (x.entry.ok) c["megatron_args"] = sweep::megatron_layout_args(spec.sweep, x.entry.chosen);
       j["options"].push_back(c);
     }
     j["sensitivity"] = nlohmann::json::array();
@@ -75,6 +76,7 @@ int plan_command(const PlanOptions& o) {
                                out.chosen_feasible ? "answer" : "no option meets the constraint; closest",
                                spec.candidates[static_cast<size_t>(x.candidate)].name, r.gpus,
                                sweep::layout_label(r.layout, r.micro_batch), x.days, x.gpu_hours, x.usd, r.mfu * 100);
+      std::cout << "  megatron_args: " << sweep::megatron_layout_args(spec.sweep, r) << "\n";
     } else {
       std::cout << "  no candidate has a valid layout\n";
     }

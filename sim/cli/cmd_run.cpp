@@ -1,4 +1,5 @@
 // dtsim run EXP.yaml [--set key=value]... [--json FILE] [--trace FILE] [--show-groups] [--no-fold] [--quiet]
+//           [--megatron-args]
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "models/plan.hpp"
 #include "models/rank_grid.hpp"
 #include "reports/atomic_file.hpp"
+#include "models/megatron_args.hpp"
 #include "reports/json.hpp"
 #include "reports/summary.hpp"
 #include "reports/trace.hpp"
@@ -51,6 +53,7 @@ struct RunOptions {
   bool show_groups = false;
   bool no_fold = false;
   bool quiet = false;
+  bool megatron_args = false;  // also print the Megatron-LM flags that launch it
   std::string trace_path;
 };
 
@@ -83,6 +86,7 @@ int run_command(const RunOptions& o) {
       text << fmt::format("  trace written to {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
                                o.trace_path);
   }
+  if (o.megatron_args) text << "  megatron_args: " << shell_join(megatron_args(exp)) << "\n";
   // A layout that does not fit is a result, not an input error: the outputs are written,
   // and the exit code says so (README "Exit codes").
   const auto oom = std::count_if(result.stages.begin(), result.stages.end(),
@@ -117,6 +121,8 @@ Command add_run_command(CLI::App& app) {
   run->add_flag("--show-groups", o.show_groups, "Print every TP/CP/DP/PP rank group before simulating");
   run->add_flag("--no-fold", o.no_fold, "Simulate every rank instead of one per pipeline stage (slower)");
   run->add_flag("-q,--quiet", o.quiet, "Print no summary (errors still go to stderr)");
+  run->add_flag("--megatron-args", o.megatron_args,
+                "Also print the Megatron-LM flags that launch this experiment (models/megatron_args.hpp)");
   return {run, [opts] { return run_command(*opts); }};
 }
 

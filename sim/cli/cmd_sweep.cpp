@@ -53,6 +53,8 @@ int sweep_command(const SweepOptions& o) {
                                r.cluster_label, width, sweep::layout_label(r.layout, r.micro_batch), r.step_time_s,
                                r.tokens_per_s_per_gpu, r.mfu * 100, r.engine);
     }
+    if (!ranked.empty())  // the best layout as the flags that launch it (models/megatron_args.hpp)
+      std::cout << "  megatron_args: " << sweep::megatron_layout_args(spec, ranked.front()) << "\n";
     {  // the ranking's robustness within the kernel-time band (models/time_band.hpp)
       sweep::Evaluator ev(spec);
       const std::string band = sweep::ranking_band_text(sweep::ranking_band(ev, ranked, spec.rank_by));

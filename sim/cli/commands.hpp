@@ -45,5 +45,7 @@ Command add_collective_command(CLI::App& app);
 Command add_explain_command(CLI::App& app);
 Command add_verify_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
+Command add_import_command(CLI::App& app);  // cmd_import.cpp: import megatron
+Command add_export_command(CLI::App& app);  // cmd_import.cpp: export megatron
 
 }  // namespace dtsim::cli

@@ -1,5 +1,7 @@
 #include "sim/sweep/report_data.hpp"
 
+#include "models/megatron_args.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -10,6 +12,14 @@
 #include "models/schedules/schedule.hpp"
 
 namespace dtsim::sweep {
+
+std::string megatron_layout_args(const SweepSpec& spec, const SweepRow& r) {
+  if (r.cluster < 0 || static_cast<size_t>(r.cluster) >= spec.clusters.size()) return "";
+  Experiment e = spec.clusters[static_cast<size_t>(r.cluster)].base;
+  e.layout = r.layout;
+  e.training.micro_batch = r.micro_batch;
+  return shell_join(megatron_args(e, MegatronScope::layout));
+}
 
 namespace {
 
@@ -156,6 +166,7 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o, const std::vect
   if (!ranked.empty()) {
     const SweepRow& b = *ranked.front();
     r.summary.push_back({"best layout", b.cluster_label + ": " + layout_label(b.layout, b.micro_batch)});
+    r.summary.push_back({"best layout as Megatron-LM flags", megatron_layout_args(spec, b)});
     r.summary.push_back({"best step time", fmt::format("{} ({} engine)", secs(b.step_time_s), b.engine)});
     r.summary.push_back({"best tokens/s per GPU", fmt::format("{:.0f}", b.tokens_per_s_per_gpu)});
     r.summary.push_back({"best MFU", fmt::format("{:.1f} %", b.mfu * 100)});

@@ -17,6 +17,10 @@
 
 namespace dtsim::sweep {
 
+/// The Megatron-LM flags that launch row `r` (layout scope: parallelism, ZeRO, recompute, batch;
+/// models/megatron_args.hpp), from its cluster's experiment with the row's layout, one line.
+std::string megatron_layout_args(const SweepSpec& spec, const SweepRow& r);
+
 /// "DP4 TP8 CP1 PP4 VP2 ZeRO-1 SP selective mb1" (SP only with TP > 1; "DP?" while dp is unresolved).
 std::string layout_label(const Layout& l, int64_t micro_batch);
 

@@ -386,6 +386,9 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
     key(1, "best");
     append_row_json(s, *ranked.front(), 1);
     s += ",\n";
+    key(1, "best_megatron_args");  // models/megatron_args.hpp, layout scope
+    append_json_string(s, megatron_layout_args(spec, *ranked.front()));
+    s += ",\n";
   }
   key(1, "clusters");
   if (spec.clusters.empty()) {

@@ -402,6 +402,7 @@ ReportData plan_report(const PlanSpec& spec, const PlanOutcome& o) {
     r.summary.push_back({o.chosen_feasible ? "answer" : "no option meets the constraint; closest",
                          fmt::format("{} x {} GPUs", spec.candidates[static_cast<size_t>(x.candidate)].name, c.gpus)});
     r.summary.push_back({"layout", layout_label(c.layout, c.micro_batch)});
+    r.summary.push_back({"Megatron-LM flags", megatron_layout_args(spec.sweep, c)});
     r.summary.push_back({"days to train", fmt::format("{:.1f}", x.days)});
     r.summary.push_back({"GPU-hours", fmt::format("{:.0f}", x.gpu_hours)});
     r.summary.push_back({"cost", fmt::format("{:.0f} USD", x.usd)});

@@ -21,6 +21,7 @@
 #include "models/sweep_spec.hpp"
 #include "reports/csv.hpp"
 #include "sim/sweep/journal.hpp"
+#include "sim/sweep/report_data.hpp"
 #include "sim/sweep/row_format.hpp"
 #include "sim/sweep/runner.hpp"
 #include "sim/sweep/sweep.hpp"
@@ -300,6 +301,7 @@ std::string reference_sweep_json(const SweepSpec& spec, const sweep::Outcome& o)
                         {"price_per_gpu_hour", c.price_per_gpu_hour}});
   j["clusters"] = clusters;
   if (!ranked.empty()) j["best"] = sweep::to_json(ranked.front());
+  if (!ranked.empty()) j["best_megatron_args"] = sweep::megatron_layout_args(spec, ranked.front());
   nlohmann::json top = nlohmann::json::array();
   for (size_t i = 0; i < ranked.size() && i < 100; ++i) top.push_back(sweep::to_json(ranked[i]));
   j["ranked"] = top;
