@@ -32,6 +32,7 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "models/precision.hpp"
 #include "models/scalar_text.hpp"
 #include "models/sweep_spec.hpp"
 
@@ -135,7 +136,14 @@ const std::map<std::string, FlagDef>& flag_table() {
       {"--bf16", {Kind::mapped, 0, "TR bf16"}},
       {"--fp16", {Kind::mapped, 0, "TR fp16 (same tensor-core rate as bf16)"}},
       {"--fp8-format", {Kind::mapped, 1, "TC fp8 (e4m3 | hybrid)"}},
-      {"--fp8-recipe", {Kind::mapped, 1, "TC fp8_recipe"}},
+      {"--fp8-recipe", {Kind::mapped, 1, "TC fp8_recipe (delayed)"}},
+      {"--fp4-format", {Kind::mapped, 1, "TC fp4 (e2m1)"}},
+      {"--fp4-recipe", {Kind::mapped, 1, "TC fp4_recipe (nvfp4)"}},
+      {"--fp8-param-gather", {Kind::mapped, 0, "A --fp8-param-gather (TC fp8_param)"}},
+      {"--fp4-param-gather", {Kind::mapped, 0, "TC fp4_param"}},
+      {"--first-last-layers-bf16", {Kind::mapped, 0, "TC first_last_layers_bf16"}},
+      {"--num-layers-at-start-in-bf16", {Kind::mapped, 1, "TC num_layers_at_start_in_bf16 (1)"}},
+      {"--num-layers-at-end-in-bf16", {Kind::mapped, 1, "TC num_layers_at_end_in_bf16 (1)"}},
       {"--attention-backend", {Kind::mapped, 1, "TC attention_backend (auto)"}},
       {"--use-flash-attn", {Kind::mapped, 0, "A --use-flash-attn"}},
       {"--overlap-grad-reduce", {Kind::mapped, 0, "A --overlap-grad-reduce (False)"}},
@@ -183,7 +191,7 @@ const std::vector<std::string> kIgnoredPrefixes = {
 const std::set<std::string> kNotModeled = {
     "--disable-bias-linear", "--add-bias-linear", "--attention-dropout", "--hidden-dropout", "--apply-layernorm-1p",
     "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "--manual-gc", "--manual-gc-interval",
-    "--empty-unused-memory-level", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
+    "--empty-unused-memory-level", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
     "--fp8-margin", "--fp8-interval", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
     "--no-bias-dropout-fusion", "--no-rope-fusion", "--calculate-per-token-loss", "--moe-router-dtype",
     "--moe-permute-fusion", "--no-gradient-accumulation-fusion", "--use-precision-aware-optimizer", "--qk-layernorm",
@@ -192,9 +200,8 @@ const std::set<std::string> kNotModeled = {
     "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--use-legacy-models",
     "--moe-use-legacy-grouped-gemm", "--moe-router-fusion", "--tp-comm-overlap-cfg", "--tp-comm-bootstrap-backend",
     "--align-param-gather", "--ddp-num-buckets", "--ddp-average-in-collective", "--num-distributed-optimizer-instances",
-    "--fp4-format", "--fp4-recipe", "--moe-apply-probs-on-input", "--moe-shared-expert-gate", "--no-persist-layer-norm",
+    "--moe-apply-probs-on-input", "--moe-shared-expert-gate", "--no-persist-layer-norm",
     "--te-rng-tracker", "--transformer-impl", "--spec", "--distribute-saved-activations", "--use-cpu-initialization",
-    "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--first-last-layers-bf16",
     "--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization", "--moe-token-drop-policy",
     "--moe-input-jitter-eps", "--moe-layer-recompute", "--no-async-tensor-model-parallel-allreduce",
     "--overlap-param-gather-with-optimizer-step", "--use-sharp", "--nccl-communicator-config-path", "--use-nccl-ub",
@@ -633,7 +640,21 @@ std::vector<std::string> megatron_args(const Experiment& e, MegatronScope scope,
 
   // Training.
   sw("--bf16");
-  if (t.dtype == Dtype::fp8) val("--fp8-format", "hybrid");
+  {
+    // The precision recipe's own flags (models/precision.hpp PrecisionRecipe::megatron).
+    const PrecisionRecipe& rec = precision_recipe(t.precision);
+    if (rec.low_precision()) {
+      std::istringstream flags(rec.megatron);
+      std::string flag, value;
+      while (flags >> flag >> value) val(flag.c_str(), value);
+    }
+    if (t.fp8_param_gather) sw(rec.gemm_dtype == Dtype::fp4 ? "--fp4-param-gather" : "--fp8-param-gather");
+    if (t.first_last_layers_bf16) {
+      sw("--first-last-layers-bf16");
+      val("--num-layers-at-start-in-bf16", num(t.num_layers_at_start_in_bf16));
+      val("--num-layers-at-end-in-bf16", num(t.num_layers_at_end_in_bf16));
+    }
+  }
   if (!t.flash_attention) val("--attention-backend", "unfused");
   if (t.overlap_grad_reduce) sw("--overlap-grad-reduce");
   if (t.overlap_param_gather) sw("--overlap-param-gather");
@@ -985,18 +1006,38 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   const auto global = r.integer("--global-batch-size", 1);
   training["micro_batch"] = micro;
   if (global) training["global_batch"] = *global;
-  std::string dtype = "bf16";
+  // The precision recipe (models/precision.hpp): --fp8-format / --fp4-format switch it on,
+  // --fp8-recipe (default delayed) / --fp4-recipe (default nvfp4) pick it (transformer_config.py).
+  std::string precision = "bf16";
   if (r.has("--fp16")) out.notes.push_back("--fp16: timed as bf16 (the same tensor-core rate)");
   if (!r.has("--bf16") && !r.has("--fp16")) out.notes.push_back("no --bf16 / --fp16: Megatron-LM trains in fp32; timed as bf16");
-  if (auto f = r.choice("--fp8-format", {"e4m3", "hybrid"})) {
-    dtype = "fp8";
-    (void)f;
+  const auto fp8 = r.choice("--fp8-format", {"e4m3", "hybrid"});
+  const auto fp8_recipe = r.choice("--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise", "custom"});
+  const auto fp4 = r.choice("--fp4-format", {"e2m1"});
+  const auto fp4_recipe = r.choice("--fp4-recipe", {"nvfp4", "custom"});
+  if (fp8 && fp4) r.problem("--fp8-format with --fp4-format: one precision recipe at a time");
+  if (fp8) {
+    const std::string rc = fp8_recipe.value_or("delayed");
+    if (rc == "custom") r.problem("--fp8-recipe custom: a user quantizer factory, which dtsim does not model");
+    precision = rc == "tensorwise" ? "fp8-current" : rc == "blockwise" ? "fp8-block" : rc == "mxfp8" ? "mxfp8" : "fp8-delayed";
+  } else if (fp8_recipe) {
+    out.notes.push_back("--fp8-recipe without --fp8-format: no FP8 (Megatron needs both)");
   }
-  if (auto rc = r.choice("--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise", "custom"})) {
-    if (dtype != "fp8") out.notes.push_back("--fp8-recipe without --fp8-format: no FP8 (Megatron needs both)");
-    else out.notes.push_back("--fp8-recipe " + *rc + ": training.dtype fp8 (training.precision recipes are to come)");
+  if (fp4) {
+    if (fp4_recipe.value_or("nvfp4") == "custom") r.problem("--fp4-recipe custom: a user quantizer factory, which dtsim does not model");
+    precision = "nvfp4";
+  } else if (fp4_recipe) {
+    out.notes.push_back("--fp4-recipe without --fp4-format: no FP4 (Megatron needs both)");
   }
-  training["dtype"] = dtype;
+  training["precision"] = precision;
+  if (r.has("--fp8-param-gather") || r.has("--fp4-param-gather")) training["fp8_param_gather"] = true;
+  if (r.has("--first-last-layers-bf16")) {
+    training["first_last_layers_bf16"] = true;
+    if (auto n = r.integer("--num-layers-at-start-in-bf16", 0)) training["num_layers_at_start_in_bf16"] = *n;
+    if (auto n = r.integer("--num-layers-at-end-in-bf16", 0)) training["num_layers_at_end_in_bf16"] = *n;
+  } else if (r.has("--num-layers-at-start-in-bf16") || r.has("--num-layers-at-end-in-bf16")) {
+    out.notes.push_back("--num-layers-at-start/end-in-bf16 without --first-last-layers-bf16: no effect (Megatron)");
+  }
   bool flash = true;  // TC attention_backend auto: flash or fused (cuDNN) attention
   if (auto b = r.choice("--attention-backend", {"auto", "flash", "fused", "unfused", "local"}))
     flash = *b != "unfused" && *b != "local";
@@ -1121,8 +1162,6 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
     head += comment_block("ignored (no effect on step time/memory)", lines);
   }
   head += comment_block("notes", out.notes);
-  if (out.experiment.training.dtype == Dtype::fp8)
-    head += "# training.dtype fp8 stands for every --fp8-recipe until training.precision recipes land\n";
   out.yaml = head + body;
   return out;
 }

@@ -18,6 +18,7 @@
 #include "models/experiment_io.hpp"
 #include "models/launch_script.hpp"
 #include "models/megatron_args.hpp"
+#include "models/precision.hpp"
 #include "shipped_files.hpp"
 #include "sim/analytic_engine.hpp"
 
@@ -235,6 +236,38 @@ INSTANTIATE_TEST_SUITE_P(Shipped, MegatronRoundTrip,
                                            "moe/mixtral-8x7b-h100.yaml", "moe/deepseek-v3-h100.yaml",
                                            "moe/qwen3-30b-a3b-h100.yaml"));
 
+// Every precision recipe and its options survive export and import (models/precision.hpp
+// PrecisionRecipe::megatron is what export prints). nvfp4 and mxfp8 need a Blackwell GPU.
+TEST(MegatronRoundTrip, EveryPrecisionRecipe) {
+  const fs::path file = kRoot / "experiments" / "examples" / "llama3-8b-h100.yaml";
+  for (const std::string& recipe : precision_names()) {
+    SCOPED_TRACE(recipe);
+    std::vector<std::string> sets = {"cluster.node=dgx-b200", "training.precision=" + recipe};
+    if (recipe != "bf16")
+      sets.insert(sets.end(), {"training.fp8_param_gather=true", "training.first_last_layers_bf16=true",
+                               "training.num_layers_at_end_in_bf16=2"});
+    Experiment e;
+    try {
+      e = load_experiment(file.string(), sets);
+    } catch (const InputError& x) {
+      FAIL() << x.what();
+    }
+    std::vector<std::string> missing;
+    const std::vector<std::string> args = megatron_args(e, MegatronScope::all, &missing);
+    MegatronImportOptions o;
+    o.source = "flags";
+    o.node = "dgx-b200";
+    o.nodes = e.cluster.nodes;
+    const MegatronImport imp = import_megatron(launch_from_words(args), o);
+    EXPECT_TRUE(imp.not_understood.empty()) << text_lines(imp.not_understood);
+    EXPECT_EQ(imp.experiment.training.precision, e.training.precision);
+    EXPECT_EQ(imp.experiment.training.fp8_param_gather, e.training.fp8_param_gather);
+    EXPECT_EQ(imp.experiment.training.first_last_layers_bf16, e.training.first_last_layers_bf16);
+    EXPECT_EQ(imp.experiment.training.num_layers_at_end_in_bf16, e.training.num_layers_at_end_in_bf16);
+    EXPECT_EQ(analytic_step(imp.experiment), analytic_step(e));
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Megatron-LM's own launch scripts.
 
@@ -278,7 +311,8 @@ TEST(MegatronScripts, Llama3_8b_fp8) {
   EXPECT_EQ(e.model.activation, Activation::swiglu);
   EXPECT_EQ(e.model.norm, Norm::rmsnorm);
   EXPECT_FALSE(e.model.tied_embeddings);
-  EXPECT_EQ(e.training.dtype, Dtype::fp8);
+  EXPECT_EQ(e.training.precision, Precision::fp8_delayed);  // --fp8-format hybrid, default recipe delayed
+  EXPECT_TRUE(e.training.fp8_param_gather);                 // --fp8-param-gather
   EXPECT_EQ(e.training.main_grad, GradDtype::bf16);  // --grad-reduce-in-bf16
   EXPECT_EQ(e.layout.tp, 1);
   EXPECT_EQ(e.layout.dp, 8);
@@ -290,7 +324,7 @@ TEST(MegatronScripts, Llama3_8b_fp8) {
             (std::vector<std::string>{"--attention-dropout", "--hidden-dropout", "--apply-layernorm-1p",
                                       "--disable-bias-linear", "--cross-entropy-loss-fusion",
                                       "--calculate-per-token-loss", "--manual-gc", "--empty-unused-memory-level",
-                                      "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather"}));
+                                      "--fp8-amax-history-len", "--fp8-amax-compute-algo"}));
   EXPECT_TRUE(contains(r.notes, "condition `[ ! -f \"$PRETRAIN_SCRIPT_PATH\" ]` not decided"));
   EXPECT_GT(analytic_step(e), 0);
 }
