@@ -45,5 +45,6 @@ Command add_collective_command(CLI::App& app);
 Command add_explain_command(CLI::App& app);
 Command add_verify_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
+Command add_presets_command(CLI::App& app);
 
 }  // namespace dtsim::cli

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_explain_command(app));
   commands.push_back(add_verify_command(app));
   commands.push_back(add_calibrate_command(app));
+  commands.push_back(add_presets_command(app));
 
   try {
     app.parse(argc, argv);
