@@ -1260,8 +1260,9 @@ TEST(ExperimentIoHfMoe, DeepseekErrorsNameTheKey) {
 
 TEST(ExperimentIoPresets, GpuRegistry) {
   // Registry order: the shipped files' names (topologies/gpus/*.yaml).
-  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "B200", "H100-SXM5-80GB", "H200-SXM-141GB",
-                                                          "H800-SXM5-80GB"}));
+  EXPECT_EQ(gpu_preset_names(),
+            (std::vector<std::string>{"A100-SXM4-40GB", "A100-SXM4-80GB", "B200", "B300", "GB200", "GB300",
+                                      "H100-SXM5-80GB", "H20", "H200-SXM-141GB", "H800-SXM5-80GB"}));
   EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
   EXPECT_EQ(find_gpu_preset("nope"), nullptr);
   try {
@@ -1269,7 +1270,8 @@ TEST(ExperimentIoPresets, GpuRegistry) {
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, B200, H100-SXM5-80GB, H200-SXM-141GB, H800-SXM5-80GB)");
+              "unknown GPU preset \"nope\" (valid: A100-SXM4-40GB, A100-SXM4-80GB, B200, B300, GB200, GB300, "
+              "H100-SXM5-80GB, H20, H200-SXM-141GB, H800-SXM5-80GB)");
   }
   for (const auto& name : gpu_preset_names()) {
     SCOPED_TRACE(name);
@@ -1293,14 +1295,15 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 
 TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_EQ(node_preset_names(),
-            (std::vector<std::string>{"dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "dgx-h800", "gb200-nvl72"}));
+            (std::vector<std::string>{"dgx-a100-40gb", "dgx-a100", "dgx-b200", "dgx-b300", "dgx-h100", "dgx-h20",
+                                      "dgx-h200", "dgx-h800", "gb200-nvl72", "gb300-nvl72"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);
     EXPECT_NE(find_gpu_preset(n.gpu), nullptr);
     // A DGX node is 8 GPUs with 8 compute NICs; a GB200 NVL72 NVLink domain is 72 GPUs with
     // one NIC each (topologies/node_presets.cpp).
-    EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" ? 72 : 8);
+    EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" || name == "gb300-nvl72" ? 72 : 8);
     EXPECT_EQ(n.nics_per_node, n.gpus_per_node);
     EXPECT_GT(n.nvlink.efficiency, 0);
     EXPECT_LE(n.nvlink.efficiency, 1);

@@ -10,6 +10,7 @@
 
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
+#include "models/rank_grid.hpp"
 #include "tests/unit/cli_fixture.hpp"
 #include "tests/unit/temp_dir.hpp"
 #include "topologies/embedded_presets.hpp"
@@ -305,6 +306,75 @@ TEST(PresetFiles, ShippedFileProblemsNameTheFile) {
   EXPECT_FALSE(is_preset_file_ref("H100-SXM5-80GB"));
 }
 
+// The NVIDIA presets added with the files (each figure's source is in its file).
+TEST(PresetFiles, NewNvidiaPresets) {
+  const GpuSpec& gb200 = gpu_preset("GB200");
+  EXPECT_EQ(gb200.peak_bf16_flops, 2500e12);
+  EXPECT_EQ(gb200.peak_fp8_flops, 5000e12);
+  EXPECT_EQ(gb200.peak_fp4_flops, 10000e12);
+  EXPECT_EQ(gb200.hbm_bytes, 186e9);
+  EXPECT_EQ(gb200.kernel_tables, "b200_sxm");
+  EXPECT_TRUE(gb200.microscaling);
+  const GpuSpec& b300 = gpu_preset("B300");
+  EXPECT_EQ(b300.peak_bf16_flops, 2250e12);
+  EXPECT_EQ(b300.peak_fp4_flops, 13125e12);
+  EXPECT_EQ(b300.hbm_bytes, 288e9);
+  EXPECT_EQ(b300.hbm_bandwidth, 8000e9);
+  EXPECT_EQ(b300.kernel_tables, "");  // no shipped B300 table: roofline
+  const GpuSpec& gb300 = gpu_preset("GB300");
+  EXPECT_EQ(gb300.peak_bf16_flops, 2500e12);
+  EXPECT_EQ(gb300.peak_fp8_flops, 5000e12);
+  EXPECT_EQ(gb300.peak_fp4_flops, 15000e12);
+  EXPECT_EQ(gb300.hbm_bytes, 279e9);
+  EXPECT_TRUE(gb300.microscaling);
+  const GpuSpec& a40 = gpu_preset("A100-SXM4-40GB");
+  EXPECT_EQ(a40.hbm_bytes, 40960 * MiB);
+  EXPECT_EQ(a40.hbm_bandwidth, 1555e9);
+  const GpuSpec& h20 = gpu_preset("H20");
+  EXPECT_EQ(h20.peak_bf16_flops, 148e12);
+  EXPECT_EQ(h20.peak_fp8_flops, 296e12);
+  EXPECT_EQ(h20.hbm_bytes, 96e9);
+  EXPECT_EQ(h20.hbm_bandwidth, 4000e9);
+  EXPECT_EQ(h20.kernel_tables, "");
+  EXPECT_EQ(node_preset("gb200-nvl72").gpu, "GB200");  // the 1200 W part, no longer the HGX B200
+  const NodePreset& rack = node_preset("gb300-nvl72");
+  EXPECT_EQ(rack.gpu, "GB300");
+  EXPECT_EQ(rack.gpus_per_node, 72);
+  EXPECT_EQ(rack.nics_per_node, 72);
+  EXPECT_EQ(rack.nic.bandwidth, 800 * (1e9 / 8));
+  EXPECT_EQ(rack.host_dispatch, 37.08 * 1e-6);
+  const NodePreset& b = node_preset("dgx-b300");
+  EXPECT_EQ(b.gpus_per_node, 8);
+  EXPECT_EQ(b.nic.bandwidth, 800 * (1e9 / 8));
+  EXPECT_EQ(node_preset("dgx-h20").nvlink.bandwidth, 450e9);
+  EXPECT_EQ(node_preset("dgx-h20").gpu, "H20");
+  EXPECT_EQ(node_preset("dgx-h800").gpu, "H800-SXM5-80GB");
+  EXPECT_EQ(node_preset("dgx-a100-40gb").gpu, "A100-SXM4-40GB");
+}
+
+// NVL72 racks: TP stays inside a rack, DP crosses racks over the fabric; the run summary says so.
+TEST(PresetFiles, Nvl72Placement) {
+  const Experiment e =
+      load_experiment(std::string(DTSIM_SOURCE_DIR) + "/experiments/examples/gb300-nvl72-256.yaml");
+  EXPECT_EQ(e.cluster.gpus(), 256);
+  EXPECT_EQ(e.cluster.gpu.name, "GB300");
+  const auto placement = group_placement(RankGrid(e.layout), e.cluster.gpus_per_node);
+  ASSERT_EQ(placement.size(), 2u);
+  EXPECT_EQ(placement[0].kind, GroupKind::TP);
+  EXPECT_EQ(placement[0].domains, 1);
+  EXPECT_EQ(placement[1].kind, GroupKind::DP);
+  EXPECT_EQ(placement[1].size, 32);
+  EXPECT_EQ(placement[1].domains, 4);
+  EXPECT_EQ(describe_placement(placement),
+            "TP 8 inside one NVLink domain; DP 32 across 4 NVLink domains (over the fabric)");
+  // A TP group larger than the domain spans domains.
+  Layout l = e.layout;
+  l.tp = 128;
+  l.dp = 2;
+  EXPECT_EQ(describe_placement(group_placement(RankGrid(l), 64)),
+            "TP 128 across 2 NVLink domains (over the fabric); DP 2 across 2 NVLink domains (over the fabric)");
+}
+
 class PresetsCli : public cli_test::CliTest {};
 
 TEST_F(PresetsCli, ListsShippedPresets) {
@@ -313,6 +383,15 @@ TEST_F(PresetsCli, ListsShippedPresets) {
   for (const auto& name : gpu_preset_names()) EXPECT_NE(o.out.find(name), std::string::npos) << name << o.out;
   for (const auto& name : node_preset_names()) EXPECT_NE(o.out.find(name), std::string::npos) << name << o.out;
   EXPECT_NE(o.out.find("topologies/gpus/b200.yaml"), std::string::npos) << o.out;
+  for (const char* name : {"B300", "GB300", "H20", "A100-SXM4-40GB", "gb300-nvl72", "dgx-b300", "dgx-h20"})
+    EXPECT_NE(o.out.find(std::string("\n") + name + " "), std::string::npos) << name << o.out;
+  const std::string example =
+      std::string(DTSIM_SOURCE_DIR) + "/experiments/examples/gb300-nvl72-256.yaml";
+  const cli_test::Outcome run = dtsim("run " + cli_test::shell_quote(example));
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("  placement TP 8 inside one NVLink domain; DP 32 across 4 NVLink domains (over the fabric)\n"),
+            std::string::npos)
+      << run.out;
   const cli_test::Outcome j = dtsim("presets --json");
   EXPECT_EQ(j.code, 0) << j.err;
   EXPECT_NE(j.out.find("\"name\": \"H100-SXM5-80GB\""), std::string::npos) << j.out;
