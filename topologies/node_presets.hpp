@@ -42,7 +42,7 @@ const std::vector<std::string>& intra_node_topologies();
 std::string node_preset_file(std::string_view name);
 
 /// host_dispatch of a cluster described without a node preset: the x86 DGX figure
-/// (13.48 us, NVIDIA/TransformerEngine#2053; topologies/node_presets.cpp).
+/// (13.48 us, NVIDIA/TransformerEngine#2053; topologies/nodes/README.md).
 double default_host_dispatch();
 
 /// The preset named `name` (case-insensitive), or nullptr when there is none.

@@ -1302,7 +1302,7 @@ TEST(ExperimentIoPresets, NodeRegistry) {
     const NodePreset& n = node_preset(name);
     EXPECT_NE(find_gpu_preset(n.gpu), nullptr);
     // A DGX node is 8 GPUs with 8 compute NICs; a GB200 NVL72 NVLink domain is 72 GPUs with
-    // one NIC each (topologies/node_presets.cpp).
+    // one NIC each (topologies/nodes/*.yaml).
     EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" || name == "gb300-nvl72" ? 72 : 8);
     EXPECT_EQ(n.nics_per_node, n.gpus_per_node);
     EXPECT_GT(n.nvlink.efficiency, 0);
