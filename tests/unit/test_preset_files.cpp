@@ -11,6 +11,7 @@
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/rank_grid.hpp"
+#include "models/sweep_spec.hpp"
 #include "tests/unit/cli_fixture.hpp"
 #include "tests/unit/temp_dir.hpp"
 #include "topologies/embedded_presets.hpp"
@@ -285,6 +286,23 @@ TEST(PresetFiles, UserNodeFile) {
   EXPECT_TRUE(has(ps, "exp.yaml: cluster.node=\"hw/bad-node.yaml\": " + file +
                           ": nvlink.latency=\"3\" is not a time (expected e.g. \"1.5 us\")"))
       << dump(ps);
+}
+
+// A sweep's cluster may name a user's node file too (relative to the sweep file).
+TEST(PresetFiles, SweepClusterTakesAUserNodeFile) {
+  test_files::TempDir d("dtsim-user-node-sweep");
+  d.write("my-gpu.yaml", kMyGpu);
+  d.write("my-node.yaml", kMyNode);
+  const SweepSpec s = parse_sweep_spec(
+      "model: {name: t, layers: 8, hidden: 1024, heads: 16, kv_heads: 16, ffn_hidden: 4096, activation: gelu,\n"
+      "        vocab: 8192, tied_embeddings: false, norm: layernorm, position: learned}\n"
+      "training: {seq_len: 512, global_batch: 64, dtype: bf16}\n"
+      "clusters: [{name: mine, node: my-node.yaml, nodes: 2}]\n"
+      "space: {tp: [1, 2], pp: 1, micro_batch: 1}\n",
+      "s.yaml", SpecKind::sweep, d.path().string());
+  ASSERT_EQ(s.clusters.size(), 1u);
+  EXPECT_EQ(s.clusters[0].base.cluster.gpus(), 8);
+  EXPECT_EQ(s.clusters[0].base.cluster.gpu.name, "MyGPU");
 }
 
 TEST(PresetFiles, ShippedFileProblemsNameTheFile) {
