@@ -10,7 +10,7 @@
 //   optimizer: as memory
 // peak is the dense tensor-core rate of the GEMM dtype (bf16, or fp8 for fp8 GEMMs);
 // efficiencies and the launch overhead belong to the GPU preset and cite their sources
-// in topologies/gpu_presets.cpp (Williams, Waterman & Patterson 2009, "Roofline").
+// in topologies/gpus/*.yaml (Williams, Waterman & Patterson 2009, "Roofline").
 //
 // Attention work actually executed differs from the FLOP-counting convention:
 //  - FlashAttention skips fully masked blocks of causal attention: 0.5 x the dense FLOPs

@@ -142,7 +142,7 @@ struct ModelSpec {
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : hidden / heads; }
 };
 
-/// One GPU model. Every preset value cites its datasheet in topologies/gpu_presets.cpp.
+/// One GPU model. Every preset value cites its datasheet in topologies/gpus/*.yaml.
 struct GpuSpec {
   std::string name;
   double peak_bf16_flops = 0;  // dense tensor-core FLOP/s
@@ -179,12 +179,12 @@ struct GpuSpec {
   /// Shipped kernel tables (cluster.gpu.kernel_tables): the system whose measured GEMM times
   /// (models/calibration/gemm_table.hpp, ComputeProfile::shipped) time this GPU's GEMMs
   /// instead of the roofline, e.g. "h100_sxm"; "" = none. Presets name theirs
-  /// (topologies/gpu_presets.cpp); `profile`, when given, is used instead.
+  /// (topologies/gpus/*.yaml); `profile`, when given, is used instead.
   std::string kernel_tables;
   /// Sustained / burst matmul rate (cluster.gpu.sustained_ratio), dimensionless, (0, 1]:
   /// kernel-table times, measured in short bursts at boost clocks, are divided by it to give
   /// the rate a GPU holds at its power limit through a training run (MSMF / MAMF of
-  /// mamf-finder, topologies/gpu_presets.cpp). 1 = use the table as measured.
+  /// mamf-finder, topologies/gpus/README.md). 1 = use the table as measured.
   double sustained_ratio = 1.0;
 };
 
@@ -233,7 +233,7 @@ struct ClusterSpec {
   double hbm_reserve_bytes = 0;
   /// Host CPU seconds that eager PyTorch spends to launch one kernel (Python, autograd
   /// recording, the ATen dispatcher and cudaLaunchKernel) on this cluster's host CPU
-  /// (cluster.host_dispatch; node presets cite their measurement, topologies/node_presets.cpp;
+  /// (cluster.host_dispatch; node presets cite their measurement, topologies/nodes/README.md;
   /// models/host_dispatch.hpp uses it). 0 = free launches (the GPU never waits for the host).
   double host_dispatch = 0;
 

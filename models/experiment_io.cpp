@@ -17,19 +17,21 @@
 //          llama4_text, gpt2, gpt_neox), head_dim, mtp_layers (0; multi-token prediction
 //          depths run with the loss, models/blocks/mtp.hpp), moe {...} / mla {...} /
 //          attention {...} (models/moe_checks.hpp checks them; Megatron-Core's names)
-//   cluster: name (optional), gpu (PRESET or {preset, name, peak_bf16, peak_fp8, hbm,
+//   cluster: name (optional), gpu (PRESET, a GPU FILE - *.yaml / *.yml or a path with "/",
+//          relative to the YAML file, topologies/preset_files.hpp - or {preset (PRESET or FILE),
+//          name, peak_bf16, peak_fp8, hbm,
 //          hbm_bandwidth, gemm_efficiency, memory_efficiency, kernel_overhead, sm_count,
 //          attention_efficiency, profile, kernel_tables (none|a100_sxm|h100_sxm|h200_sxm|
 //          b200_sxm; the preset's, dropped by peak_bf16/peak_fp8/gemm_efficiency/sm_count),
 //          sustained_ratio ((0, 1]; the preset's, else 1)}),
-//          node (PRESET, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
+//          node (PRESET or a node FILE, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
 //          efficiency, nvls_efficiency (node preset, else 0 = no NVLS)}, nics_per_node, nic
 //          {bandwidth, latency, efficiency}, fabric (TYPE or {type, nodes_per_leaf,
 //          oversubscription (1), leaves_per_pod, pod_oversubscription (1)}; TYPE one of
 //          topologies/fabrics/fabric.hpp, non-blocking by default; the keys a type reads
 //          and requires are listed there), collectives {algorithm (auto), protocol (auto)},
 //          hbm_reserve, host_dispatch (time per eager kernel launch on the host CPU; the node
-//          preset's, else 13.48 us: topologies/node_presets.cpp)
+//          preset's, else 13.48 us: topologies/nodes/README.md)
 //   layout: dp (integer or auto), tp, cp (1), pp (1), vp (1), schedule (1f1b|gpipe|
 //          interleaved|zb-h1|zb-h2|dualpipev|dualpipe, models/schedules/; interleaved when
 //          vp > 1, else 1f1b), zero_stage (0),
@@ -87,6 +89,7 @@
 #include "topologies/fabrics/fabric.hpp"
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
+#include "topologies/preset_files.hpp"
 
 namespace dtsim {
 
@@ -234,6 +237,9 @@ class Reader {
  public:
   Reader(Context& ctx, YAML::Node node, std::string path)
       : ctx_(ctx), node_(std::move(node)), path_(std::move(path)) {}
+  /// A map whose valid keys are `keys` rather than the experiment schema's (preset files).
+  Reader(Context& ctx, YAML::Node node, std::string path, const std::vector<std::string>* keys)
+      : ctx_(ctx), node_(std::move(node)), path_(std::move(path)), keys_(keys) {}
 
   /// True when the node is a map; reports unknown and duplicate keys. An absent node
   /// (undefined) is fine and reads as an empty map.
@@ -245,7 +251,7 @@ class Reader {
       valid_ = false;
       return false;
     }
-    const std::vector<std::string>* valid = keys_of(path_);
+    const std::vector<std::string>* valid = keys_ ? keys_ : keys_of(path_);
     std::set<std::string> seen;
     for (const auto& kv : node_) {
       if (!kv.first.IsScalar()) {
@@ -304,6 +310,31 @@ class Reader {
     return v;
   }
 
+  /// A dimensionless fraction: a number, or a ratio "A / B" of two numbers (B not 0), which
+  /// keeps a measured pair visible (preset files: topologies/preset_files.hpp).
+  std::optional<double> ratio(const std::string& key) {
+    auto s = scalar(key);
+    if (!s) return std::nullopt;
+    const auto slash = s->find('/');
+    if (slash == std::string::npos) {
+      auto v = to_double(*s);
+      if (!v) ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not a number");
+      return v;
+    }
+    auto part = [&](size_t from, size_t to) {
+      std::string t = s->substr(from, to - from);
+      while (!t.empty() && t.front() == ' ') t.erase(t.begin());
+      while (!t.empty() && t.back() == ' ') t.pop_back();
+      return to_double(t);
+    };
+    const auto a = part(0, slash), b = part(slash + 1, s->size());
+    if (!a || !b || *b == 0) {
+      ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not a number or a ratio A / B of two numbers (B not 0)");
+      return std::nullopt;
+    }
+    return *a / *b;
+  }
+
   std::optional<bool> boolean(const std::string& key) {
     auto s = scalar(key);
     if (!s) return std::nullopt;
@@ -347,6 +378,7 @@ class Reader {
   Context& ctx_;
   YAML::Node node_;
   std::string path_;
+  const std::vector<std::string>* keys_ = nullptr;  // nullptr: keys_of(path_)
   bool valid_ = true;
 };
 
@@ -576,7 +608,7 @@ void read_link(Reader& cluster, const std::string& key, LinkSpec& link, bool pre
   }
   auto bw = r.quantity("bandwidth", Quantity::bandwidth);
   auto lat = r.quantity("latency", Quantity::time);
-  auto eff = r.number("efficiency");
+  auto eff = r.ratio("efficiency");
   set_if(link.bandwidth, bw);
   set_if(link.latency, lat);
   set_if(link.efficiency, eff);
@@ -587,38 +619,8 @@ void read_link(Reader& cluster, const std::string& key, LinkSpec& link, bool pre
   }
 }
 
-GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
-  GpuSpec g;
-  const std::string path = cluster.path("gpu");
-  if (!cluster.has("gpu")) {
-    if (node) return gpu_preset(node->gpu);
-    cluster.require("gpu", "a preset name (" + gpu_preset_list() + ") or a map");
-    return g;
-  }
-  const YAML::Node n = cluster.child("gpu");
-  if (n.IsNull()) {
-    cluster.ctx().fail(path, path + " has no value (give a preset name or a map)");
-    return g;
-  }
-  if (n.IsScalar()) {
-    const std::string name = n.Scalar();
-    if (const GpuSpec* p = find_gpu_preset(name)) return *p;
-    cluster.ctx().fail(path, path + "=" + quote(name) + " is not a GPU preset (valid: " + gpu_preset_list() + ")");
-    return g;
-  }
-  Reader r(cluster.ctx(), n, path);
-  if (!r.check_map()) return g;
-  bool preset = false;
-  if (auto p = r.text("preset")) {
-    if (const GpuSpec* ps = find_gpu_preset(*p)) {
-      g = *ps;
-      preset = true;
-    } else {
-      r.ctx().fail(path, r.path("preset") + "=" + quote(*p) + " is not a GPU preset (valid: " +
-                             gpu_preset_list() + ")");
-      return g;
-    }
-  }
+// The GPU keys shared by cluster.gpu and a GPU preset file (topologies/preset_files.hpp).
+void read_gpu_fields(Reader& r, GpuSpec& g) {
   set_if(g.name, r.text("name"));
   set_if(g.peak_bf16_flops, r.quantity("peak_bf16", Quantity::flop_rate));
   set_if(g.peak_fp8_flops, r.quantity("peak_fp8", Quantity::flop_rate));
@@ -626,20 +628,22 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
   set_if(g.microscaling, r.boolean("microscaling"));                   // optional: false
   set_if(g.hbm_bytes, r.quantity("hbm", Quantity::bytes));
   set_if(g.hbm_bandwidth, r.quantity("hbm_bandwidth", Quantity::bandwidth));
-  set_if(g.gemm_efficiency, r.number("gemm_efficiency"));
-  set_if(g.memory_efficiency, r.number("memory_efficiency"));
+  set_if(g.gemm_efficiency, r.ratio("gemm_efficiency"));
+  set_if(g.memory_efficiency, r.ratio("memory_efficiency"));
   set_if(g.kernel_overhead, r.quantity("kernel_overhead", Quantity::time));
   set_if(g.sm_count, r.integer("sm_count"));  // optional: 0 disables comm_interference
-  set_if(g.attention_efficiency, r.number("attention_efficiency"));  // optional: 0 = gemm_efficiency
-  // optional: a `dtsim calibrate` profile, relative to the experiment file (read lazily by
-  // models/compute_cost.hpp experiment_profile, which names this key in its errors).
-  set_if(g.profile, r.text("profile"));
+  set_if(g.attention_efficiency, r.ratio("attention_efficiency"));  // optional: 0 = gemm_efficiency
+}
+
+// The GPU keys after profile: the preset's kernel tables dropped by a field that sets the
+// GEMM rate, sustained_ratio and kernel_tables.
+void read_gpu_tables(Reader& r, GpuSpec& g, const std::string& path) {
   // The preset's shipped kernel tables time its GEMMs; a field that sets the GEMM rate
   // (peak_bf16, peak_fp8, gemm_efficiency, sm_count) asks for the roofline at that rate, so it
   // drops them unless kernel_tables is given too (README "Kernel time").
   for (const char* k : {"peak_bf16", "peak_fp8", "peak_fp4", "gemm_efficiency", "sm_count"})
     if (r.has(k)) g.kernel_tables.clear();
-  set_if(g.sustained_ratio, r.number("sustained_ratio"));  // optional: the preset's, else 1
+  set_if(g.sustained_ratio, r.ratio("sustained_ratio"));  // optional: the preset's, else 1
   if (auto t = r.text("kernel_tables")) {
     const auto systems = calib::shipped_table_systems();
     if (*t == "none") {
@@ -651,6 +655,72 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node) {
                              text::join(systems) + ")");
     }
   }
+}
+
+// A user's preset file named by `key` (=`value`, relative to `base_dir`): its parsed content,
+// or nullopt with each of its problems reported as "KEY: FILE: problem".
+template <class T, class Load>
+std::optional<T> preset_from_file(Context& ctx, const std::string& key, const std::string& value,
+                                  const std::string& base_dir, Load load) {
+  const std::string file = (fs::path(base_dir) / value).lexically_normal().string();
+  try {
+    return load(file);
+  } catch (const InputError& e) {
+    for (const auto& p : e.problems()) ctx.fail(key, key + "=" + quote(value) + ": " + p);
+    return std::nullopt;
+  }
+}
+
+GpuSpec read_gpu(Reader& cluster, const NodePreset* node, const std::string& base_dir) {
+  GpuSpec g;
+  const std::string path = cluster.path("gpu");
+  if (!cluster.has("gpu")) {
+    if (node) return node->gpu_spec;
+    cluster.require("gpu", "a preset name (" + gpu_preset_list() + "), a GPU file or a map");
+    return g;
+  }
+  const YAML::Node n = cluster.child("gpu");
+  if (n.IsNull()) {
+    cluster.ctx().fail(path, path + " has no value (give a preset name, a GPU file or a map)");
+    return g;
+  }
+  if (n.IsScalar()) {
+    const std::string name = n.Scalar();
+    if (is_preset_file_ref(name)) {
+      if (auto f = preset_from_file<GpuSpec>(cluster.ctx(), path, name, base_dir, load_gpu_file)) return *f;
+      return g;
+    }
+    if (const GpuSpec* p = find_gpu_preset(name)) return *p;
+    cluster.ctx().fail(path, path + "=" + quote(name) + " is not a GPU preset (valid: " + gpu_preset_list() +
+                                 "; or a GPU file, *.yaml)");
+    return g;
+  }
+  Reader r(cluster.ctx(), n, path);
+  if (!r.check_map()) return g;
+  bool preset = false;
+  if (auto p = r.text("preset")) {
+    if (is_preset_file_ref(*p)) {
+      auto f = preset_from_file<GpuSpec>(r.ctx(), r.path("preset"), *p, base_dir, load_gpu_file);
+      if (!f) {
+        r.ctx().mark(path);
+        return g;
+      }
+      g = *f;
+      preset = true;
+    } else if (const GpuSpec* ps = find_gpu_preset(*p)) {
+      g = *ps;
+      preset = true;
+    } else {
+      r.ctx().fail(path, r.path("preset") + "=" + quote(*p) + " is not a GPU preset (valid: " +
+                             gpu_preset_list() + "; or a GPU file, *.yaml)");
+      return g;
+    }
+  }
+  read_gpu_fields(r, g);
+  // optional: a `dtsim calibrate` profile, relative to the experiment file (read lazily by
+  // models/compute_cost.hpp experiment_profile, which names this key in its errors).
+  set_if(g.profile, r.text("profile"));
+  read_gpu_tables(r, g, path);
   if (!preset) {
     for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
                           "kernel_overhead"})
@@ -721,17 +791,25 @@ void read_collectives(Reader& cluster, ClusterSpec& c) {
   pick("protocol", collective_protocol_names(), c.collectives.protocol);
 }
 
-ClusterSpec read_cluster(Reader r) {
+ClusterSpec read_cluster(Reader r, const std::string& base_dir) {
   ClusterSpec c;
   if (!r.check_map()) return c;
   const NodePreset* node = nullptr;
-  if (auto name = r.text("node")) {
+  std::optional<NodePreset> node_file;  // a user's node file (cluster.node: FILE)
+  if (auto name = r.text("node"); name && is_preset_file_ref(*name)) {
+    node_file = preset_from_file<NodePreset>(r.ctx(), r.path("node"), *name, base_dir, load_node_file);
+    if (!node_file) {
+      r.ctx().mark("cluster");
+      return c;
+    }
+    node = &*node_file;
+  } else if (name) {
     node = find_node_preset(*name);
     if (!node) {
       // Everything the node would have filled is unknown: mark the whole cluster, and say
       // nothing about the keys it would have provided (one problem, one line).
       r.ctx().fail("cluster", r.path("node") + "=" + quote(*name) + " is not a node preset (valid: " +
-                                  node_preset_list() + ")");
+                                  node_preset_list() + "; or a node file, *.yaml)");
       return c;
     }
   } else if (r.has("node")) {  // not a single value: reported by text()
@@ -749,7 +827,7 @@ ClusterSpec read_cluster(Reader r) {
   } else {
     c.host_dispatch = default_host_dispatch();
   }
-  c.gpu = read_gpu(r, node);
+  c.gpu = read_gpu(r, node, base_dir);
   if (auto v = r.integer("nodes")) c.nodes = *v;
   else if (!r.has("nodes")) r.require("nodes");
   if (auto v = r.integer("gpus_per_node")) c.gpus_per_node = *v;
@@ -757,7 +835,7 @@ ClusterSpec read_cluster(Reader r) {
   set_if(c.nics_per_node, r.integer("nics_per_node"));
   if (!node && !r.has("nics_per_node") && c.nodes > 1) r.require("nics_per_node", "or give cluster.node");
   read_link(r, "nvlink", c.nvlink, node != nullptr, c.gpus_per_node > 1);
-  set_if(c.nvls_efficiency, Reader(r.ctx(), r.child("nvlink"), r.path("nvlink")).number("nvls_efficiency"));
+  set_if(c.nvls_efficiency, Reader(r.ctx(), r.child("nvlink"), r.path("nvlink")).ratio("nvls_efficiency"));
   read_link(r, "nic", c.nic, node != nullptr, c.nodes > 1);
   read_fabric(r, c);
   read_collectives(r, c);
@@ -1377,7 +1455,7 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
   SlidingWindow sliding;
   if (top.has("model")) e.model = read_model(Reader(ctx, top.child("model"), "model"), base_dir, sliding);
   else top.require("model");
-  if (top.has("cluster")) e.cluster = read_cluster(Reader(ctx, top.child("cluster"), "cluster"));
+  if (top.has("cluster")) e.cluster = read_cluster(Reader(ctx, top.child("cluster"), "cluster"), base_dir);
   else top.require("cluster");
   if (top.has("layout")) ld = read_layout(Reader(ctx, top.child("layout"), "layout"));
   else top.require("layout");
@@ -1469,6 +1547,126 @@ void validate_experiment(const Experiment& e) {
   ProblemList p(e.source);
   check_experiment(e, p, {});
   p.throw_if_any();
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU and node preset files (topologies/preset_files.hpp), read with the same Reader.
+
+namespace {
+
+const std::vector<std::string> kGpuFileKeys = {
+    "name", "peak_bf16", "peak_fp8", "peak_fp4", "microscaling", "hbm", "hbm_bandwidth", "gemm_efficiency",
+    "memory_efficiency", "kernel_overhead", "sm_count", "attention_efficiency", "kernel_tables", "sustained_ratio"};
+const std::vector<std::string> kNodeFileKeys = {"name", "gpu", "gpus_per_node", "intra_node", "nvlink",
+                                                "nics_per_node", "nic", "hbm_reserve", "host_dispatch"};
+const std::vector<std::string> kNvlinkFileKeys = {"bandwidth", "latency", "efficiency", "nvls_efficiency"};
+const std::vector<std::string> kNicFileKeys = {"bandwidth", "latency", "efficiency"};
+
+// The file's top-level map, or a problem naming the file.
+YAML::Node preset_root(const std::string& yaml_text, ProblemList& problems, const char* what) {
+  YAML::Node root = load_yaml_document(yaml_text, problems.file());
+  if (!root.IsDefined() || root.IsNull() || !root.IsMap()) {
+    problems.add(std::string("a ") + what + " file must be a map of its keys (got " + describe_node(root) + ")");
+    problems.throw_if_any();
+  }
+  return root;
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  if (auto why = input_path_problem(path)) throw InputError(path + ": cannot read " + what + " file: " + *why);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read " + what + " file: permission denied or unreadable");
+  note_input_file(path);  // outputs never overwrite it (reports/atomic_file.hpp)
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+bool is_preset_file_ref(const std::string& value) {
+  auto ends_with = [&](const std::string& suffix) {
+    return value.size() >= suffix.size() && value.compare(value.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".yaml") || ends_with(".yml") || value.find('/') != std::string::npos;
+}
+
+GpuSpec parse_gpu_file(const std::string& yaml_text, const std::string& source) {
+  ProblemList problems(source);
+  const YAML::Node root = preset_root(yaml_text, problems, "GPU");
+  Context ctx(problems);
+  Reader r(ctx, root, "", &kGpuFileKeys);
+  GpuSpec g;
+  r.check_map();
+  read_gpu_fields(r, g);
+  read_gpu_tables(r, g, "kernel_tables");
+  for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
+                        "kernel_overhead"})
+    if (!r.has(k)) r.require(k);
+  problems.throw_if_any();
+  return g;
+}
+
+NodePreset parse_node_file(const std::string& yaml_text, const std::string& source, const std::string& base_dir) {
+  ProblemList problems(source);
+  const YAML::Node root = preset_root(yaml_text, problems, "node");
+  Context ctx(problems);
+  Reader r(ctx, root, "", &kNodeFileKeys);
+  NodePreset n;
+  r.check_map();
+  for (const char* k : {"name", "gpu", "gpus_per_node", "nvlink", "nics_per_node", "nic", "hbm_reserve",
+                        "host_dispatch"})
+    if (!r.has(k)) r.require(k);
+  set_if(n.name, r.text("name"));
+  if (auto gpu = r.text("gpu")) {
+    n.gpu = *gpu;
+    if (!base_dir.empty() && is_preset_file_ref(*gpu)) {
+      if (auto f = preset_from_file<GpuSpec>(ctx, "gpu", *gpu, base_dir, load_gpu_file)) n.gpu_spec = *f;
+    } else if (const GpuSpec* p = find_gpu_preset(*gpu)) {
+      n.gpu_spec = *p;
+    } else {
+      ctx.fail("gpu", "gpu=" + quote(*gpu) + " is not a GPU preset (valid: " + gpu_preset_list() +
+                          (base_dir.empty() ? std::string(")") : std::string("; or a GPU file, *.yaml)")));
+    }
+  }
+  if (auto v = r.integer("gpus_per_node")) {
+    if (*v < 1) ctx.fail("gpus_per_node", "gpus_per_node=" + std::to_string(*v) + " must be at least 1");
+    n.gpus_per_node = *v;
+  }
+  if (auto t = r.text("intra_node")) {
+    const auto& valid = intra_node_topologies();
+    if (std::find(valid.begin(), valid.end(), *t) == valid.end())
+      ctx.fail("intra_node", "intra_node=" + quote(*t) + " is not one of " + join_list(valid));
+    else n.intra_node = *t;
+  }
+  auto link = [&](const char* key, const std::vector<std::string>* keys, LinkSpec& l, double* nvls) {
+    Reader q(ctx, r.child(key), key, keys);
+    if (!r.has(key) || !q.check_map()) return;
+    set_if(l.bandwidth, q.quantity("bandwidth", Quantity::bandwidth));
+    set_if(l.latency, q.quantity("latency", Quantity::time));
+    set_if(l.efficiency, q.ratio("efficiency"));
+    for (const char* k : {"bandwidth", "latency", "efficiency"})
+      if (!q.has(k)) q.require(k);
+    if (nvls) set_if(*nvls, q.ratio("nvls_efficiency"));  // optional: 0 = no NVLS
+  };
+  link("nvlink", &kNvlinkFileKeys, n.nvlink, &n.nvls_efficiency);
+  if (auto v = r.integer("nics_per_node")) {
+    if (*v < 0) ctx.fail("nics_per_node", "nics_per_node=" + std::to_string(*v) + " must be >= 0");
+    n.nics_per_node = *v;
+  }
+  link("nic", &kNicFileKeys, n.nic, nullptr);
+  set_if(n.hbm_reserve_bytes, r.quantity("hbm_reserve", Quantity::bytes));
+  set_if(n.host_dispatch, r.quantity("host_dispatch", Quantity::time));
+  problems.throw_if_any();
+  return n;
+}
+
+GpuSpec load_gpu_file(const std::string& path) { return parse_gpu_file(read_text_file(path, "GPU"), path); }
+
+NodePreset load_node_file(const std::string& path) {
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  return parse_node_file(read_text_file(path, "node"), path, dir.string());
 }
 
 }  // namespace dtsim

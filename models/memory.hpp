@@ -217,7 +217,7 @@ ActivationBreakdown stage_activations(const Experiment& e, int64_t stage);
 ///  other: stage_buffers(...).total().
 ///  peak = sum (conservative: DeepSpeed's fp32 gradient partition lives during the optimizer
 ///  step, when activations are already freed); capacity = hbm_bytes - hbm_reserve_bytes (the
-///  reserve is the node preset's, topologies/node_presets.cpp: CUDA context + NCCL buffers);
+///  reserve is the node preset's, topologies/nodes/README.md: CUDA context + NCCL buffers);
 ///  fits = peak <= capacity.
 /// Throws InputError for impossible inputs (see stage_activations, model_state_bytes,
 /// stage_parameters_per_rank).

@@ -2,6 +2,7 @@
 // order; see models/rank_grid.hpp.
 #include "models/rank_grid.hpp"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -163,6 +164,37 @@ std::vector<std::vector<int64_t>> RankGrid::groups(GroupKind kind) const {
     auto g = group_of(r, kind);
     for (int64_t x : g) seen[static_cast<size_t>(x)] = true;
     out.push_back(std::move(g));  // r is the smallest unseen rank, so sorted by first rank
+  }
+  return out;
+}
+
+std::vector<GroupPlacement> group_placement(const RankGrid& grid, int64_t gpus_per_node) {
+  if (gpus_per_node < 1)
+    throw InputError("cluster.gpus_per_node=" + std::to_string(gpus_per_node) + " must be >= 1");
+  std::vector<GroupKind> kinds = {GroupKind::TP, GroupKind::CP, GroupKind::DP, GroupKind::PP};
+  const bool experts = grid.layout().ep > 1 || grid.layout().expert_tp() != grid.layout().tp;
+  if (experts) kinds.insert(kinds.end(), {GroupKind::EP, GroupKind::ETP});
+  std::vector<GroupPlacement> out;
+  for (GroupKind k : kinds) {
+    const auto gs = grid.groups(k);
+    if (gs.empty() || gs.front().size() <= 1) continue;
+    GroupPlacement p{k, static_cast<int64_t>(gs.front().size()), 1};
+    for (const auto& g : gs) {
+      std::set<int64_t> nodes;
+      for (int64_t r : g) nodes.insert(r / gpus_per_node);
+      p.domains = std::max(p.domains, static_cast<int64_t>(nodes.size()));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::string describe_placement(const std::vector<GroupPlacement>& placement) {
+  std::string out;
+  for (const auto& p : placement) {
+    out += (out.empty() ? "" : "; ") + std::string(to_string(p.kind)) + " " + std::to_string(p.size) +
+           (p.domains == 1 ? std::string(" inside one NVLink domain")
+                           : " across " + std::to_string(p.domains) + " NVLink domains (over the fabric)");
   }
   return out;
 }

@@ -65,6 +65,24 @@ class RankGrid {
 /// etp must stay at their defaults.
 std::string expert_layout_problem(const Layout& l, int64_t num_experts);
 
+/// Where the groups of one kind sit: `domains` is the most NVLink domains (nodes of
+/// gpus_per_node GPUs; an NVL72 rack is one) that any group of the kind spans; 1 = every group
+/// stays inside one domain, on NVLink; more = the group crosses the NICs and cluster.fabric.
+struct GroupPlacement {
+  GroupKind kind = GroupKind::TP;
+  int64_t size = 0;     // ranks per group
+  int64_t domains = 1;  // most NVLink domains one group spans
+};
+
+/// The placement of every TP, CP, DP and PP group with more than one rank, and of the EP and
+/// ETP groups where the layout has experts spread or sharded (parallel folding). Throws
+/// InputError when gpus_per_node < 1.
+std::vector<GroupPlacement> group_placement(const RankGrid& grid, int64_t gpus_per_node);
+
+/// One line for the run summary, e.g. "TP 8 inside one NVLink domain; DP 32 across 4 NVLink
+/// domains (over the fabric)"; "" when no group has more than one rank.
+std::string describe_placement(const std::vector<GroupPlacement>& placement);
+
 /// Human-readable listing of every TP, CP, DP and PP group (for `dtsim run --show-groups`).
 std::string describe_groups(const RankGrid& grid, int64_t gpus_per_node);
 

@@ -20,6 +20,7 @@
 #include "models/yaml_text.hpp"
 #include "models/experiment_io.hpp"
 #include "topologies/node_presets.hpp"
+#include "topologies/preset_files.hpp"
 
 namespace dtsim {
 
@@ -318,8 +319,18 @@ std::optional<Experiment> compose(const YAML::Node& model, const YAML::Node& tra
     const YAML::Node& c = cluster;
     if (c["nodes"] && c["nodes"].IsScalar()) nodes = to_int(c["nodes"].Scalar()).value_or(0);
     if (c["gpus_per_node"] && c["gpus_per_node"].IsScalar()) gpn = to_int(c["gpus_per_node"].Scalar()).value_or(0);
-    if (gpn == 0 && c["node"] && c["node"].IsScalar())
-      if (const NodePreset* np = find_node_preset(c["node"].Scalar())) gpn = np->gpus_per_node;
+    if (gpn == 0 && c["node"] && c["node"].IsScalar()) {
+      const std::string node = c["node"].Scalar();
+      if (is_preset_file_ref(node)) {  // a user's node file, relative to the spec file
+        try {
+          gpn = load_node_file((std::filesystem::path(base_dir) / node).lexically_normal().string()).gpus_per_node;
+        } catch (const InputError&) {
+          // Reported, naming the file, when the experiment is read.
+        }
+      } else if (const NodePreset* np = find_node_preset(node)) {
+        gpn = np->gpus_per_node;
+      }
+    }
     if (nodes > 0 && gpn > 0) gpus = nodes * gpn;
   }
   YAML::Node root(YAML::NodeType::Map);

@@ -9,6 +9,7 @@
 
 #include "models/precision.hpp"
 #include "models/flops.hpp"
+#include "models/rank_grid.hpp"
 #include "reports/terminal_text.hpp"
 
 namespace dtsim {
@@ -112,6 +113,19 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
                  l.dp, l.tp, l.cp, l.pp, l.zero_stage,
                  !l.sequence_parallel ? "off" : l.tp > 1 ? "on" : "off (tp=1: no TP group to split, as Megatron-LM)",
                  to_string(l.recompute));
+  // Placement of the parallel groups on NVLink domains, reported where it matters: a group
+  // that needs NVLink bandwidth (TP, CP, EP, ETP) spans domains, or the domain is rack-scale
+  // (more GPUs than one 8-GPU NVSwitch board, e.g. an NVL72 rack), where which groups stay
+  // inside a rack is the layout's question.
+  if (c.gpus_per_node > 0 && l.tp > 0 && l.cp > 0 && l.dp > 0 && l.pp > 0) {
+    const auto placement = group_placement(RankGrid(l), c.gpus_per_node);
+    bool fast_group_spans = false;
+    for (const auto& p : placement)
+      if (p.domains > 1 && p.kind != GroupKind::DP && p.kind != GroupKind::PP) fast_group_spans = true;
+    constexpr int64_t kBoardGpus = 8;  // GPUs on one HGX/DGX NVSwitch board (topologies/nodes/dgx-h100.yaml)
+    if ((fast_group_spans || c.gpus_per_node > kBoardGpus) && !placement.empty())
+      fmt::format_to(out, "  placement {}\n", describe_placement(placement));
+  }
   const int64_t accumulation = (t.micro_batch > 0 && l.dp > 0) ? t.accumulation(l) : 0;
   fmt::format_to(out,
                  "  batch     micro-batch {}, global batch {} x {} tokens, {} accumulation step{}, {}\n",

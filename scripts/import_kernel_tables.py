@@ -17,7 +17,7 @@ import csv
 import os
 import sys
 
-# The tables dtsim ships: (system, dtype), systems with a GPU preset (topologies/gpu_presets.cpp).
+# The tables dtsim ships: (system, dtype), systems with a GPU preset (topologies/gpus/*.yaml).
 # bf16 only: the fp8 tables time vLLM's inference path, whose timed region includes the
 # activation's dynamic quantisation (amax + cast) on every call, slower than bf16 on skinny
 # shapes (H100 4096 x 2048 x 7168: 0.166 ms fp8, 0.155 ms bf16); training's FP8 GEMMs

@@ -47,5 +47,6 @@ Command add_verify_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
 Command add_import_command(CLI::App& app);  // cmd_import.cpp: import megatron
 Command add_export_command(CLI::App& app);  // cmd_import.cpp: export megatron
+Command add_presets_command(CLI::App& app);
 
 }  // namespace dtsim::cli

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_calibrate_command(app));
   commands.push_back(add_import_command(app));
   commands.push_back(add_export_command(app));
+  commands.push_back(add_presets_command(app));
 
   try {
     app.parse(argc, argv);

@@ -23,7 +23,7 @@
 //
 // How dtsim maps them (documented limitations):
 //   - The cluster's link latencies (cluster.nvlink.latency, cluster.nic.latency; the presets
-//     use hwLat Ring/Simple 3.4 and 14.0 us, topologies/node_presets.cpp) scale every entry
+//     use hwLat Ring/Simple 3.4 and 14.0 us, topologies/nodes/README.md) scale every entry
 //     of their row, so a user's latency keeps NCCL's ratios between algorithms/protocols.
 //     A network step is never faster than an NVLink step (max of both).
 //   - Ring/Simple's baseLat (8.4 us) is not added: its steps x alpha stays the textbook

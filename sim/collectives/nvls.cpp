@@ -3,7 +3,7 @@
 // owner (multimem.ld_reduce), and each owner multicasts its reduced shard (multimem.st): per
 // GPU and direction S + S/n, so T = (n+1)/n S / B_nvls. ReduceScatter: S out, S/n in;
 // AllGather: S/n out, S in; both T = S / B_nvls. B_nvls = NVLink line rate x
-// nvls_efficiency (topologies/node_presets.cpp: 0.6875 from 480 GB/s busbw on 8 x H100).
+// nvls_efficiency (topologies/nodes/README.md: 0.6875 from 480 GB/s busbw on 8 x H100).
 // Latency: NCCL's NVLS hwLat (23 us on NVLink, no base; nccl_model.hpp).
 // Limits as NCCL 2.19-2.20: one NVLink domain (no NVLS across nodes without CollNet),
 // more than 2 GPUs (src/transport/nvls.cc: "gpuCount <= 2" disables NVLS), Simple only.

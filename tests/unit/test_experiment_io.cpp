@@ -379,8 +379,8 @@ TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
                   "decoder_last_pipeline_num_layers, pipeline_layout, ep, etp)"))
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
-  EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                  "H200-SXM-141GB, B200, H800-SXM5-80GB)"))
+  EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: " + gpu_preset_list() +
+                  "; or a GPU file, *.yaml)"))
       << dump(ps);
   // The unknown GPU is reported once: checks on its fields are skipped, not repeated.
   for (const auto& p : ps) EXPECT_EQ(p.find("cluster.gpu.peak_bf16"), std::string::npos) << p;
@@ -429,17 +429,17 @@ TEST(ExperimentIoValue, PlainNumberQuantityIsRejected) {
 
 TEST(ExperimentIoValue, UnknownGpuPresetListsValidNames) {
   expect_problem({"cluster.gpu=X100"},
-                 "exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
+                 "exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: " + gpu_preset_list() +
+                 "; or a GPU file, *.yaml)");
   expect_problem({"cluster.gpu.preset=X100"},
-                 "exp.yaml: cluster.gpu.preset=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
+                 "exp.yaml: cluster.gpu.preset=\"X100\" is not a GPU preset (valid: " + gpu_preset_list() +
+                 "; or a GPU file, *.yaml)");
 }
 
 TEST(ExperimentIoValue, UnknownNodePresetListsValidNames) {
   expect_problem({"cluster.node=dgx-x"},
-                 "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: dgx-a100, dgx-h100, dgx-h200, "
-                 "dgx-b200, gb200-nvl72, dgx-h800)");
+                 "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: " + node_preset_list() +
+                 "; or a node file, *.yaml)");
 }
 
 TEST(ExperimentIoValue, PresetNamesAreCaseInsensitive) {
@@ -1261,7 +1261,10 @@ TEST(ExperimentIoHfMoe, DeepseekErrorsNameTheKey) {
 // Presets.
 
 TEST(ExperimentIoPresets, GpuRegistry) {
-  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "H800-SXM5-80GB"}));
+  // Registry order: the shipped files' names (topologies/gpus/*.yaml).
+  EXPECT_EQ(gpu_preset_names(),
+            (std::vector<std::string>{"A100-SXM4-40GB", "A100-SXM4-80GB", "B200", "B300", "GB200", "GB300",
+                                      "H100-SXM5-80GB", "H20", "H200-SXM-141GB", "H800-SXM5-80GB"}));
   EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
   EXPECT_EQ(find_gpu_preset("nope"), nullptr);
   try {
@@ -1269,7 +1272,8 @@ TEST(ExperimentIoPresets, GpuRegistry) {
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200, H800-SXM5-80GB)");
+              "unknown GPU preset \"nope\" (valid: A100-SXM4-40GB, A100-SXM4-80GB, B200, B300, GB200, GB300, "
+              "H100-SXM5-80GB, H20, H200-SXM-141GB, H800-SXM5-80GB)");
   }
   for (const auto& name : gpu_preset_names()) {
     SCOPED_TRACE(name);
@@ -1293,14 +1297,15 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 
 TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_EQ(node_preset_names(),
-            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-h800"}));
+            (std::vector<std::string>{"dgx-a100-40gb", "dgx-a100", "dgx-b200", "dgx-b300", "dgx-h100", "dgx-h20",
+                                      "dgx-h200", "dgx-h800", "gb200-nvl72", "gb300-nvl72"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);
     EXPECT_NE(find_gpu_preset(n.gpu), nullptr);
     // A DGX node is 8 GPUs with 8 compute NICs; a GB200 NVL72 NVLink domain is 72 GPUs with
-    // one NIC each (topologies/node_presets.cpp).
-    EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" ? 72 : 8);
+    // one NIC each (topologies/nodes/*.yaml).
+    EXPECT_EQ(n.gpus_per_node, name == "gb200-nvl72" || name == "gb300-nvl72" ? 72 : 8);
     EXPECT_EQ(n.nics_per_node, n.gpus_per_node);
     EXPECT_GT(n.nvlink.efficiency, 0);
     EXPECT_LE(n.nvlink.efficiency, 1);

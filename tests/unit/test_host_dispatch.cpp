@@ -129,7 +129,8 @@ TEST(HostDispatch, ShortKernelsWaitForTheHostAndGraphsRemoveIt) {
   EXPECT_LT(a1.host_bound_s, 0.1 * a0.host_bound_s);
   EXPECT_LT(d1.step_time_s, d0.step_time_s - 0.8 * (d0.host_bound_s - d1.host_bound_s));
   // The closed form (steady state plus the first micro-batch from no lead) against the DES's
-  // exact clock (measured: step 141.866 ms both, host-bound 8.132 ms both).
+  // exact clock (measured: step 141.779 ms, host-bound 9.022 ms on the GB200 preset; 141.866 / 8.132 ms
+  // on the HGX B200 preset gb200-nvl72 used before topologies/gpus/gb200.yaml).
   EXPECT_NEAR(a0.step_time_s, d0.step_time_s, 1e-3 * d0.step_time_s);
   EXPECT_NEAR(a0.host_bound_s, d0.host_bound_s, 1e-2 * d0.host_bound_s);
   EXPECT_NEAR(a1.step_time_s, d1.step_time_s, 1e-3 * d1.step_time_s);
