@@ -15,6 +15,7 @@ constexpr double TFLOPS = 1e12;  // FLOP/s
 constexpr double GBps = 1e9;     // B/s (decimal, as datasheets state bandwidth)
 constexpr double MiB = 1024.0 * 1024.0;
 constexpr double us = 1e-6;
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
 
 // ---------------------------------------------------------------------------------------
 // Shared measured constants (one source each; the per-GPU entries below say which apply).
@@ -208,6 +209,93 @@ const std::vector<Entry>& registry() {
       g.name = "H800-SXM5-80GB";  // NVIDIA's SKU name (hardware.csv "H800 SXM")
       v.push_back({g});
     }
+    // ---------------------------------------------------------------------------------
+    // AMD Instinct (CDNA3 / CDNA4). Self-contained block: every figure and its source here.
+    // Sources used by all three:
+    //   [MLE] S. Bekman, ml-engineering compute/accelerator/README.md @744d01e6: "TFLOPS
+    //         comparison table" (dense peaks, AMD's product pages as its notes 17, 18, 22),
+    //         the memory table, and the BF16 MAMF table (mamf-finder.py, burst rate; no MSMF
+    //         is published for AMD parts, so, as for A100 above, the burst rate is used: an
+    //         upper bound on the sustained one).
+    //   [ROCm] ROCm documentation, "AMD GPU specifications" (rocm.docs.amd.com
+    //         reference/gpu-specs): VRAM (GiB) and Compute Units per part.
+    // sm_count is the Compute Unit count (a CU is the unit a kernel's workgroups are spread
+    // over, as an SM's thread blocks: models/compute_cost.hpp's wave fill reads it).
+    // kernel_overhead: no HIP launch-overhead measurement was found; the CUDA figure above
+    // (3.3 us, tritonbench PR #1017) is used (stated assumption).
+    // attention_efficiency: no published fused-attention training utilisation on these parts
+    // was found; the Hopper FlashAttention-2 figure 0.35 (Shah et al. 2024) is assumed, as for
+    // B200 (stated assumption, not a measurement).
+    // No kernel tables ship for AMD parts (models/calibration/tables/README.md): kernel_tables
+    // stays empty and sustained_ratio 1.
+    {  // AMD Instinct MI300X (CDNA3, gfx942, 750 W OAM)
+      GpuSpec g;
+      g.name = "MI300X";
+      // 1307.4 TFLOP/s dense BF16 matrix (AMD MI300X product page / datasheet; [MLE] lists it
+      // as 1300, its formula table as 1307 = 2100 MHz x 1216 Matrix Cores x 256 FMA x 2).
+      g.peak_bf16_flops = 1307.4 * TFLOPS;
+      // 2614.9 TFLOP/s dense FP8 (AMD MI300X datasheet; [MLE] 2610, "w/o sparsity").
+      g.peak_fp8_flops = 2614.9 * TFLOPS;
+      // No FP4 matrix math on CDNA3 ([MLE] fp4 column "X"); no microscaling.
+      g.hbm_bytes = 192 * GiB;  // [ROCm] VRAM 192 GiB (8 HBM3 stacks); [MLE] 192 GB
+      g.hbm_bandwidth = 5300 * GBps;  // 5.3 TB/s HBM3, AMD datasheet; [MLE] memory table 5.30
+      // 0.511 = 668.4 / 1307.4: MAMF 668.4 TFLOP/s BF16 on MI300X ([MLE] BF16 MAMF table,
+      // torch 2.5.1+rocm6.3, PYTORCH_TUNABLEOP_ENABLED=1, best shape 10240x15360x8192).
+      g.gemm_efficiency = 668.4 / 1307.4;
+      // 0.745 = 3948.1 / 5300: BabelStream 5.0 HIP Triad 3,948,061 MB/s (double, 2^28
+      // elements) on "AMD Instinct MI300X", the expected output in AMD's MI300X BabelStream
+      // validation guide (pass threshold 3,885,301 MB/s; ROCm system-validation documentation,
+      // found by code search). Triad as for A100 above.
+      g.memory_efficiency = 3948.061 / 5300.0;
+      g.kernel_overhead = kLaunchOverhead;  // stated assumption (above)
+      g.sm_count = 304;                     // [ROCm] 304 CUs (38 per XCD, 8 XCDs)
+      g.attention_efficiency = 0.35;        // stated assumption (above)
+      v.push_back({g});
+    }
+    {  // AMD Instinct MI325X (CDNA3, gfx942, 1000 W OAM): MI300X compute, HBM3E
+      GpuSpec g = v.back().spec;  // MI300X: compute peaks, CU count, efficiencies as cited there
+      g.name = "MI325X";
+      // Same 1307.4 / 2614.9 TFLOP/s dense BF16 / FP8 as MI300X ([MLE] note 18: "MI325X is the
+      // same compute as MI300X, but has more memory and more power").
+      g.hbm_bytes = 256 * GiB;        // [ROCm] VRAM 256 GiB (HBM3E); [MLE] 256 GB
+      g.hbm_bandwidth = 6000 * GBps;  // 6 TB/s HBM3E (AMD MI325X product page; [MLE] 6.00)
+      // 0.600 = 784.9 / 1307.4: MAMF 784.9 TFLOP/s BF16 on MI325X at 1000 W ([MLE] BF16 MAMF
+      // table, torch 2.6.0+rocm6.2.4, PYTORCH_TUNABLEOP_ENABLED=1, 13312x10240x8192).
+      g.gemm_efficiency = 784.9 / 1307.4;
+      // memory_efficiency: no MI325X streaming measurement found; the MI300X Triad ratio is
+      // used (same CDNA3 memory controllers, HBM3E stacks; stated assumption).
+      v.push_back({g});
+    }
+    {  // AMD Instinct MI355X (CDNA4, gfx950, 1400 W liquid-cooled OAM)
+      GpuSpec g;
+      g.name = "MI355X";
+      // 2500 TFLOP/s dense BF16 matrix (AMD MI355X product page, "2.5 PFLOPS" rounded by AMD;
+      // the clock formula gives 2516.6: 2400 MHz x 1024 Matrix Cores x 512 FMA x 2; [MLE]).
+      g.peak_bf16_flops = 2500 * TFLOPS;
+      // 5000 TFLOP/s dense FP8 (AMD MI355X product page; [MLE] 5000; 10.1 PFLOPS is the
+      // structured-sparsity figure, [MLE] note 22).
+      g.peak_fp8_flops = 5000 * TFLOPS;
+      // 10100 TFLOP/s dense MXFP4 (AMD MI355X product page "10.1 PFLOPS" FP4, no sparsity
+      // qualifier; [MLE] fp4 column and note 22: dense).
+      g.peak_fp4_flops = 10100 * TFLOPS;
+      // CDNA4 matrix cores take the OCP Microscaling formats MXFP8 / MXFP6 / MXFP4 with their
+      // E8M0 block scales natively (AMD CDNA 4 architecture white paper; ROCm
+      // reference/gpu-arch/mi350: CDNA4 ISA V_MFMA_SCALE_F32_*_F8F6F4).
+      g.microscaling = true;
+      g.hbm_bytes = 288 * GiB;        // [ROCm] VRAM 288 GiB (HBM3E); [MLE] 288 GB
+      g.hbm_bandwidth = 8000 * GBps;  // 8 TB/s HBM3E (AMD MI355X product page; [MLE] 8.00)
+      // 0.626 = 1565.0 / 2500: MAMF 1565.0 TFLOP/s BF16 on MI355X ([MLE] BF16 MAMF table,
+      // torch 2.8.0+rocm7.0.2, PYTORCH_TUNABLEOP_ENABLED=0, 12288x8192x8192).
+      g.gemm_efficiency = 1565.0 / 2500.0;
+      // No MI355X streaming measurement found: the MI300X BabelStream Triad ratio (0.745,
+      // above) is used (stated assumption).
+      g.memory_efficiency = 3948.061 / 5300.0;
+      g.kernel_overhead = kLaunchOverhead;  // stated assumption (above)
+      g.sm_count = 256;                     // [ROCm] 256 CUs (32 per XCD, 8 XCDs)
+      g.attention_efficiency = 0.35;        // stated assumption (above)
+      v.push_back({g});
+    }
+    // ---------------------------------------------------------------------------------
     return v;
   }();
   return entries;

@@ -3,7 +3,8 @@
 // topologies/gpu_presets.cpp (datasheet figure for peaks, capacity and bandwidth; a public
 // measurement for gemm_efficiency, memory_efficiency and kernel_overhead).
 //
-// Names (case-insensitive): A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200.
+// Names (case-insensitive): A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200,
+// H800-SXM5-80GB, MI300X, MI325X, MI355X.
 // Units are those of dtsim::GpuSpec: FLOP/s, bytes, B/s, seconds.
 #include <string>
 #include <string_view>

@@ -216,6 +216,79 @@ const std::vector<NodePreset>& registry() {
       // README / docs/legacy.md test setup), NDR efficiency as dgx-h100.
       v.push_back(n);
     }
+    // ---------------------------------------------------------------------------------
+    // AMD Instinct platforms (8 OAM GPUs on a fully connected Infinity Fabric / xGMI mesh, no
+    // switch: every GPU pair has its own link; intra_node xgmi_mesh, so nvlink.bandwidth is
+    // per peer link and direction). Self-contained block: every figure and its source here.
+    //
+    // xGMI link rate and RCCL's efficiency on it (MI300X, gfx942):
+    //   64 GB/s per link and direction: "xGMI's raw bandwidth is rated up to 64 GB/s for each
+    //   point-to-point link", 7 links = "448 GB/s (7x64 GB/s)" aggregated unidirectional per
+    //   GPU (AMD ROCm blog "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct
+    //   MI300X", 2025-03-02, ROCm/rocm-blogs blogs/software-tools-optimization/mi300x-rccl-xgmi;
+    //   the MI300X platform datasheet's 896 GB/s is the same 7 x 64 x 2 bidirectional).
+    //   Efficiency 0.712 = 318.98 / 448: rccl-tests all_reduce_perf busbw 318.98 GB/s at 16 GiB
+    //   (314.72 at 1 GiB) on 8 x MI300X, RCCL 2.22.3, ROCm 6.3 (same blog); dtsim's ring on the
+    //   mesh runs at 7 links x 64 GB/s x efficiency (sim/collectives/collective.hpp CommModel,
+    //   from RCCL's ring permutations). Consistent with the blog's per-link figure ("usable
+    //   bandwidth to approximately 48 GB/s per link", TransferBench 45-47 GB/s per link) and
+    //   with RCCL's own link model (ncclTopoXGMISpeed, 48 GB/s for gfx94: ROCm/rccl#1210).
+    constexpr double kXgmiMi300Efficiency = 318.98 / (7 * 64.0);
+    //   Per-step latency: RCCL's tuning model for 8 fully connected MI300X (rome_model_79/81
+    //   options "tuning=5": ROCm/rccl src/graph/tuning.cc @0cbce2a7 tuning_model_5, hwLat NVLINK
+    //   Ring Simple 2.1 us).
+    constexpr double kXgmiStepLatency = 2.1 * us;
+    // NICs: one NIC per GPU: RCCL's rome_model_81 (the 8-GPU MI300X mesh with 8 NICs, each
+    // beside one GPU: gdrLevel PATH_PXB on the diagonal) and TensorWave's MI300X/MI325X
+    // clusters ("Each GPU has a dedicated RDMA NIC ... 8 independent rails (rdma0-rdma7)",
+    // docs.tensorwave.com/slurm/performance). 400 Gb/s each: the 400G class (ConnectX-7 NDR,
+    // AMD Pensando Pollara 400 AI NIC, RCCL's AINIC support ROCm/rccl#2078) that these
+    // platforms are built with; the exact NIC varies by vendor (stated assumption, not a
+    // single datasheet). The NDR efficiency (47 of 50 GB/s, above) is assumed for every
+    // 400 Gb/s NIC (no RCCL per-NIC busbw found) and the NCCL network step latency likewise
+    // (RCCL's tuning_model_5 Net Ring Simple entry, 320 us, is a tuner bias, not a latency).
+    // HBM reserve and host dispatch: the DGX assumptions above (ROCm context and RCCL buffers
+    // taken as CUDA's and NCCL's; x86 EPYC hosts as the x86 DGX figure): stated assumptions.
+    // NVLS: none (no switch), nvls_efficiency 0.
+    {
+      NodePreset n;
+      n.name = "mi300x";
+      n.gpu = "MI300X";
+      n.gpus_per_node = 8;
+      n.intra_node = IntraNode::xgmi_mesh;
+      n.nvlink.bandwidth = 64 * GBps;  // per xGMI link and direction (above)
+      n.nvlink.latency = kXgmiStepLatency;
+      n.nvlink.efficiency = kXgmiMi300Efficiency;
+      n.nvls_efficiency = 0;
+      n.nics_per_node = 8;
+      n.nic.bandwidth = 400 * Gbps;
+      n.nic.latency = kNetStepLatency;
+      n.nic.efficiency = kNdrEfficiency;
+      n.hbm_reserve_bytes = kHbmReserve;
+      n.host_dispatch = kX86HostDispatch;
+      v.push_back(n);
+    }
+    {
+      // MI325X platform: same gfx942 xGMI mesh (7 links x 64 GB/s per direction, 896 GB/s
+      // bidirectional per GPU: AMD MI325X product page) and the MI300X RCCL efficiency
+      // (RCCL models every gfx94 link alike, ncclTopoXGMISpeed; stated).
+      NodePreset n = v.back();  // mi300x, with the sources cited there
+      n.name = "mi325x";
+      n.gpu = "MI325X";
+      v.push_back(n);
+    }
+    {
+      // MI355X platform: 4th-gen Infinity Fabric, 7 links of 153.6 GB/s bidirectional =
+      // 76.8 GB/s per direction (AMD MI355X product page "Peak Infinity Fabric Link Bandwidth
+      // 153.6 GB/s", 1075.2 GB/s over 7 links). No RCCL busbw on MI355X found: the MI300X
+      // efficiency and step latency are used (stated assumption). NICs: 8 x Pollara 400 (above).
+      NodePreset n = v.back();
+      n.name = "mi355x";
+      n.gpu = "MI355X";
+      n.nvlink.bandwidth = 76.8 * GBps;
+      v.push_back(n);
+    }
+    // ---------------------------------------------------------------------------------
     return v;
   }();
   return entries;
@@ -234,6 +307,7 @@ ClusterSpec cluster_of(const NodePreset& n, int64_t nodes) {
   c.gpu = gpu_preset(n.gpu);
   c.nodes = nodes;
   c.gpus_per_node = n.gpus_per_node;
+  c.intra_node = n.intra_node;
   c.nvlink = n.nvlink;
   c.nvls_efficiency = n.nvls_efficiency;
   c.nics_per_node = n.nics_per_node;

@@ -1,6 +1,7 @@
 #pragma once
 // Registry of node presets by name (case-insensitive): dgx-a100, dgx-h100, dgx-h200,
-// dgx-b200, gb200-nvl72. A "node" is one NVLink domain: 8 GPUs behind NVSwitch in a DGX,
+// dgx-b200, gb200-nvl72, dgx-h800, mi300x, mi325x, mi355x (AMD Instinct platforms: 8 GPUs on
+// a fully connected Infinity Fabric (xGMI) mesh, intra_node xgmi_mesh). A "node" is one NVLink domain: 8 GPUs behind NVSwitch in a DGX,
 // 72 GPUs behind the NVLink Switch trays of a GB200 NVL72 rack. A node preset fills
 // cluster.gpus_per_node, cluster.nvlink (incl. nvls_efficiency), cluster.nics_per_node,
 // cluster.nic and cluster.hbm_reserve, and names the GPU preset used when cluster.gpu is
@@ -19,7 +20,10 @@ struct NodePreset {
   std::string name;
   std::string gpu;             // GPU preset name (topologies/gpu_presets.hpp)
   int64_t gpus_per_node = 0;
-  LinkSpec nvlink;             // per GPU into the NVSwitch domain
+  /// How the node's GPUs are joined (ClusterSpec::intra_node): NVSwitch, or a direct link per
+  /// GPU pair (xgmi_mesh, AMD Instinct platforms).
+  IntraNode intra_node = IntraNode::nvswitch;
+  LinkSpec nvlink;             // nvswitch: per GPU into the switch; xgmi_mesh: per peer link
   int64_t nics_per_node = 0;   // compute NICs (storage/management NICs excluded)
   LinkSpec nic;                // per NIC
   double hbm_reserve_bytes = 0;

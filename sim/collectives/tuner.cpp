@@ -24,6 +24,7 @@ Choice best(const std::vector<const Algorithm*>& algos, CollOp op, const GroupLa
     if (!a->unsupported(op, g, m).empty()) continue;
     for (Protocol p : {Protocol::LL, Protocol::LL128, Protocol::Simple}) {
       if (!has(a->protocols(), p) || (proto && *proto != p)) continue;
+      if (p == Protocol::LL128 && !m.ll128) continue;  // RCCL on MI300X nodes (CommModel::ll128)
       const double t = a->tuner_time(op, g, m, bytes, p);
       if (t < best_t) c = Choice{a, p, a->closed_form(op, g, m, bytes, p)};
       if (t < best_t) best_t = t;
