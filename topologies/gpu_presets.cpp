@@ -234,7 +234,7 @@ const std::vector<Entry>& registry() {
       // 1307.4 TFLOP/s dense BF16 matrix (AMD MI300X product page / datasheet; [MLE] lists it
       // as 1300, its formula table as 1307 = 2100 MHz x 1216 Matrix Cores x 256 FMA x 2).
       g.peak_bf16_flops = 1307.4 * TFLOPS;
-      // 2614.9 TFLOP/s dense FP8 (AMD MI300X datasheet; [MLE] 2610, "w/o sparsity").
+      // 2614.9 TFLOP/s dense FP8 = 2 x BF16 (AMD MI300X datasheet; [MLE] 2610, "w/o sparsity").
       g.peak_fp8_flops = 2614.9 * TFLOPS;
       // No FP4 matrix math on CDNA3 ([MLE] fp4 column "X"); no microscaling.
       g.hbm_bytes = 192 * GiB;  // [ROCm] VRAM 192 GiB (8 HBM3 stacks); [MLE] 192 GB
@@ -278,9 +278,11 @@ const std::vector<Entry>& registry() {
       // 10100 TFLOP/s dense MXFP4 (AMD MI355X product page "10.1 PFLOPS" FP4, no sparsity
       // qualifier; [MLE] fp4 column and note 22: dense).
       g.peak_fp4_flops = 10100 * TFLOPS;
-      // CDNA4 matrix cores take the OCP Microscaling formats MXFP8 / MXFP6 / MXFP4 with their
-      // E8M0 block scales natively (AMD CDNA 4 architecture white paper; ROCm
-      // reference/gpu-arch/mi350: CDNA4 ISA V_MFMA_SCALE_F32_*_F8F6F4).
+      // CDNA4 matrix cores take the OCP Microscaling formats (MXFP8 / MXFP6 / MXFP4) with
+      // their E8M0 block scales natively: "scaled MFMA" instructions of CDNA4 (meta TLX gfx950
+      // kernel catalogue, facebookexperimental.github.io/triton tlx-gfx950: "E4M3 + E8M0
+      // microscales ... CDNA4 scaled MFMA"); AMD CDNA 4 architecture white paper ("industry-
+      // standard micro-scaled MXFP6 and MXFP4 data types", as reported from Hot Chips 2025).
       g.microscaling = true;
       g.hbm_bytes = 288 * GiB;        // [ROCm] VRAM 288 GiB (HBM3E); [MLE] 288 GB
       g.hbm_bandwidth = 8000 * GBps;  // 8 TB/s HBM3E (AMD MI355X product page; [MLE] 8.00)

@@ -279,9 +279,11 @@ const std::vector<NodePreset>& registry() {
     }
     {
       // MI355X platform: 4th-gen Infinity Fabric, 7 links of 153.6 GB/s bidirectional =
-      // 76.8 GB/s per direction (AMD MI355X product page "Peak Infinity Fabric Link Bandwidth
-      // 153.6 GB/s", 1075.2 GB/s over 7 links). No RCCL busbw on MI355X found: the MI300X
-      // efficiency and step latency are used (stated assumption). NICs: 8 x Pollara 400 (above).
+      // 76.8 GB/s per direction (AMD MI355X specifications, peak Infinity Fabric link bandwidth
+      // 153.6 GB/s, 1075.2 GB/s over 7 links; checked here only against a secondary source:
+      // "Infinity Fabric/XGMI provides ~153 GB/s of bidirectional bandwidth", Hume Consulting
+      // MI355X analysis). No RCCL busbw on MI355X found: the MI300X efficiency and step
+      // latency are used (stated assumption). NICs: 8 x 400 Gb/s (above).
       NodePreset n = v.back();
       n.name = "mi355x";
       n.gpu = "MI355X";

@@ -133,7 +133,7 @@ TEST_F(CollectiveCli, BadInputsAreInputErrors) {
             "NVLink domain (the group spans 2 nodes)\n");
   const Outcome preset = dtsim("collective --cluster dgx-x --gpus 8");
   EXPECT_EQ(preset.code, 2);
-  EXPECT_NE(preset.err.find("unknown node preset \"dgx-x\" (valid: dgx-a100, dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, dgx-h800)"),
+  EXPECT_NE(preset.err.find("unknown node preset \"dgx-x\" (valid: dgx-a100, dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, dgx-h800, mi300x, mi325x, mi355x)"),
             std::string::npos)
       << preset.err;
   const Outcome size = dtsim("collective --cluster dgx-h100 --gpus 8 -b 8X");

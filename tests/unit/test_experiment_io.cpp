@@ -380,7 +380,7 @@ TEST(ExperimentIo, UnknownKeysAndCrossChecksReportedTogether) {
       << dump(ps);
   EXPECT_TRUE(has("exp.yaml: layout.tp=3 does not divide model.heads=32")) << dump(ps);
   EXPECT_TRUE(has("exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                  "H200-SXM-141GB, B200, H800-SXM5-80GB)"))
+                  "H200-SXM-141GB, B200, H800-SXM5-80GB, MI300X, MI325X, MI355X)"))
       << dump(ps);
   // The unknown GPU is reported once: checks on its fields are skipped, not repeated.
   for (const auto& p : ps) EXPECT_EQ(p.find("cluster.gpu.peak_bf16"), std::string::npos) << p;
@@ -430,16 +430,16 @@ TEST(ExperimentIoValue, PlainNumberQuantityIsRejected) {
 TEST(ExperimentIoValue, UnknownGpuPresetListsValidNames) {
   expect_problem({"cluster.gpu=X100"},
                  "exp.yaml: cluster.gpu=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
+                 "H200-SXM-141GB, B200, H800-SXM5-80GB, MI300X, MI325X, MI355X)");
   expect_problem({"cluster.gpu.preset=X100"},
                  "exp.yaml: cluster.gpu.preset=\"X100\" is not a GPU preset (valid: A100-SXM4-80GB, H100-SXM5-80GB, "
-                 "H200-SXM-141GB, B200, H800-SXM5-80GB)");
+                 "H200-SXM-141GB, B200, H800-SXM5-80GB, MI300X, MI325X, MI355X)");
 }
 
 TEST(ExperimentIoValue, UnknownNodePresetListsValidNames) {
   expect_problem({"cluster.node=dgx-x"},
                  "exp.yaml: cluster.node=\"dgx-x\" is not a node preset (valid: dgx-a100, dgx-h100, dgx-h200, "
-                 "dgx-b200, gb200-nvl72, dgx-h800)");
+                 "dgx-b200, gb200-nvl72, dgx-h800, mi300x, mi325x, mi355x)");
 }
 
 TEST(ExperimentIoValue, PresetNamesAreCaseInsensitive) {
@@ -504,7 +504,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.switches (valid keys under cluster: name, gpu, node, nodes, "
-              "gpus_per_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve, host_dispatch)");
+              "gpus_per_node, intra_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve, host_dispatch)");
   }
   {
     const auto ps = problems(with_line("  nodes: 2", "  nic:\n    speed: 400 Gb/s"));
@@ -1259,7 +1259,7 @@ TEST(ExperimentIoHfMoe, DeepseekErrorsNameTheKey) {
 // Presets.
 
 TEST(ExperimentIoPresets, GpuRegistry) {
-  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "H800-SXM5-80GB"}));
+  EXPECT_EQ(gpu_preset_names(), (std::vector<std::string>{"A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "H800-SXM5-80GB", "MI300X", "MI325X", "MI355X"}));
   EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
   EXPECT_EQ(find_gpu_preset("nope"), nullptr);
   try {
@@ -1267,7 +1267,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200, H800-SXM5-80GB)");
+              "unknown GPU preset \"nope\" (valid: A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM-141GB, B200, H800-SXM5-80GB, MI300X, MI325X, MI355X)");
   }
   for (const auto& name : gpu_preset_names()) {
     SCOPED_TRACE(name);
@@ -1291,7 +1291,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 
 TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_EQ(node_preset_names(),
-            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-h800"}));
+            (std::vector<std::string>{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-h800", "mi300x", "mi325x", "mi355x"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);
