@@ -50,6 +50,13 @@ Choice choose(CollOp op, const GroupLayout& g, const CommModel& m, double bytes,
     if (!proto)
       throw InputError(what + ": \"" + want.protocol + "\" is not a protocol (valid: auto, simple, ll, ll128)");
   }
+  if (proto && *proto == Protocol::LL128 && !m.ll128) {
+    // RCCL on MI300X nodes (CommModel::ll128): NCCL_PROTO=LL128 is not honoured there either.
+    if (strict)
+      throw InputError(what + ": protocol LL128 does not run on an xgmi mesh (RCCL's MI300X tuning model, "
+                              "src/graph/tuning.cc tuning_model_5, gives it no bandwidth); use simple, ll or auto");
+    proto.reset();
+  }
   std::vector<const Algorithm*> candidates;
   for (const Algorithm* a : algorithms())
     if (a->tuner_candidate()) candidates.push_back(a);

@@ -155,8 +155,15 @@ TEST(XgmiMesh, RingAllReduceRunsOnEveryLinkAsRcclsRings) {
   }
   EXPECT_EQ(collectives::choose(CollOp::AllReduce, layout(c, range(0, 8)), m, S, {}, false).algorithm->name(), "ring");
   EXPECT_FALSE(collectives::nvls_algorithm().unsupported(CollOp::AllReduce, layout(c, range(0, 8)), m).empty());
-  EXPECT_THROW(collectives::choose(CollOp::AllReduce, layout(c, range(0, 8)), m, S, {"ring", "ll128"}, true),
-               InputError);
+  try {
+    collectives::choose(CollOp::AllReduce, layout(c, range(0, 8)), m, S, {"ring", "ll128"}, true);
+    ADD_FAILURE() << "LL128 forced on a mesh ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("protocol LL128 does not run on an xgmi mesh"), std::string::npos) << e.what();
+  }
+  // Not strict (cluster.collectives in a training step): the automatic choice, as NCCL falls back.
+  EXPECT_NE(collectives::choose(CollOp::AllReduce, layout(c, range(0, 8)), m, S, {"ring", "ll128"}, false).protocol,
+            Protocol::LL128);
 }
 
 TEST(XgmiMesh, AllToAllUsesAllSevenLinksAtOnce) {
