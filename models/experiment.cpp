@@ -58,6 +58,14 @@ const char* to_string(Dtype d) {
   return "?";
 }
 
+const char* to_string(IntraNode n) {
+  switch (n) {
+    case IntraNode::nvswitch: return "nvswitch";
+    case IntraNode::xgmi_mesh: return "xgmi-mesh";
+  }
+  return "?";
+}
+
 const char* to_string(Framework f) {
   switch (f) {
     case Framework::megatron: return "megatron";

@@ -17,6 +17,13 @@ enum class Recompute { none, selective, full };
 enum class Dtype { bf16, fp8, fp4 };
 /// Precision recipe (training.precision), models/precision.hpp.
 enum class Precision { bf16, fp8_delayed, fp8_current, fp8_block, mxfp8, nvfp4 };
+/// How the GPUs of one node are joined (cluster.intra_node; topologies/topology.hpp builds it):
+///   nvswitch   every GPU has one port of cluster.nvlink.bandwidth per direction into a
+///              non-blocking switch (NVIDIA DGX/HGX NVSwitch, NVL72 NVLink Switch trays);
+///   xgmi_mesh  every GPU pair has its own direct link of cluster.nvlink.bandwidth per
+///              direction and there is no switch (AMD Instinct MI300X / MI325X / MI355X
+///              platforms: 8 GPUs, 7 Infinity Fabric links each; topologies/nodes/mi300x.yaml).
+enum class IntraNode { nvswitch, xgmi_mesh };
 enum class Framework { megatron, deepspeed, zero_paper };
 /// CUDA graph capture (training.cuda_graphs; models/host_dispatch.hpp): none (eager launches),
 /// layers (each transformer layer's forward and backward captured and replayed, Megatron-Core
@@ -220,8 +227,13 @@ struct ClusterSpec {
   GpuSpec gpu;
   int64_t nodes = 0;           // NVLink domains (a DGX node; a GB200 NVL72 rack)
   int64_t gpus_per_node = 0;
-  LinkSpec nvlink;             // per GPU into the NVSwitch domain (one node)
-  /// NVLink SHARP (NVLS) AllReduce rate per GPU / NVLink line rate; 0 = no NVLS.
+  /// Intra-node interconnect (cluster.intra_node): nvswitch (default) or xgmi-mesh.
+  IntraNode intra_node = IntraNode::nvswitch;
+  /// nvswitch: per GPU into the NVSwitch domain (one node). xgmi_mesh: per peer link, i.e.
+  /// between one GPU pair and per direction (a GPU of a node of k GPUs has k-1 of them).
+  LinkSpec nvlink;
+  /// NVLink SHARP (NVLS) AllReduce rate per GPU / NVLink line rate; 0 = no NVLS (always 0 on
+  /// an xgmi mesh: no switch to reduce in).
   double nvls_efficiency = 0;
   int64_t nics_per_node = 0;   // GPUs share NICs evenly: gpus_per_node / nics_per_node each
   LinkSpec nic;                // per NIC
@@ -396,6 +408,7 @@ const char* to_string(Norm);
 const char* to_string(Position);
 const char* to_string(Recompute);
 const char* to_string(Dtype);
+const char* to_string(IntraNode);  // the YAML value: nvswitch, xgmi-mesh
 const char* to_string(Framework);
 const char* to_string(CudaGraphs);
 const char* to_string(Schedule);

@@ -24,8 +24,11 @@
 //          attention_efficiency, profile, kernel_tables (none|a100_sxm|h100_sxm|h200_sxm|
 //          b200_sxm; the preset's, dropped by peak_bf16/peak_fp8/gemm_efficiency/sm_count),
 //          sustained_ratio ((0, 1]; the preset's, else 1)}),
-//          node (PRESET or a node FILE, optional), nodes, gpus_per_node, nvlink {bandwidth, latency,
-//          efficiency, nvls_efficiency (node preset, else 0 = no NVLS)}, nics_per_node, nic
+//          node (PRESET or a node FILE, optional), nodes, gpus_per_node, intra_node
+//          (nvswitch|xgmi-mesh; the node preset's, else nvswitch: models/experiment.hpp
+//          IntraNode), nvlink {bandwidth, latency, efficiency, nvls_efficiency (node preset,
+//          else 0 = no NVLS; must be 0 on xgmi-mesh)} (nvswitch: per GPU into the switch;
+//          xgmi-mesh: per direction of ONE peer link, e.g. MI300X 64 GB/s x 7 links), nics_per_node, nic
 //          {bandwidth, latency, efficiency}, fabric (TYPE or {type, nodes_per_leaf,
 //          oversubscription (1), leaves_per_pod, pod_oversubscription (1)}; TYPE one of
 //          topologies/fabrics/fabric.hpp, non-blocking by default; the keys a type reads
@@ -114,7 +117,7 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"model.mla", {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}},
       {"model.attention", {"window", "window_pattern", "chunked", "sinks"}},
       {"cluster",
-       {"name", "gpu", "node", "nodes", "gpus_per_node", "nvlink", "nics_per_node", "nic", "fabric",
+       {"name", "gpu", "node", "nodes", "gpus_per_node", "intra_node", "nvlink", "nics_per_node", "nic", "fabric",
         "collectives", "hbm_reserve", "host_dispatch"}},
       {"cluster.gpu",
        {"preset", "name", "peak_bf16", "peak_fp8", "peak_fp4", "microscaling", "hbm", "hbm_bandwidth", "gemm_efficiency",
@@ -185,6 +188,7 @@ const Choices<Recompute> kRecomputes = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
 // training.dtype, the alias of training.precision (models/precision.hpp).
 const Choices<Precision> kDtypeAliases = {{"bf16", Precision::bf16}, {"fp8", Precision::fp8_delayed}};
+const Choices<IntraNode> kIntraNodes = {{"nvswitch", IntraNode::nvswitch}, {"xgmi-mesh", IntraNode::xgmi_mesh}};
 const Choices<RouterScore> kRouterScores = {{"softmax", RouterScore::softmax}, {"sigmoid", RouterScore::sigmoid}};
 const Choices<RouterBalance> kBalances = {{"forced", RouterBalance::forced},
                                           {"measured", RouterBalance::measured},
@@ -824,6 +828,7 @@ ClusterSpec read_cluster(Reader r, const std::string& base_dir) {
     c.hbm_reserve_bytes = node->hbm_reserve_bytes;
     c.nvls_efficiency = node->nvls_efficiency;
     c.host_dispatch = node->host_dispatch;
+    c.intra_node = node->intra_node;
   } else {
     c.host_dispatch = default_host_dispatch();
   }
@@ -832,6 +837,7 @@ ClusterSpec read_cluster(Reader r, const std::string& base_dir) {
   else if (!r.has("nodes")) r.require("nodes");
   if (auto v = r.integer("gpus_per_node")) c.gpus_per_node = *v;
   else if (!r.has("gpus_per_node") && !node) r.require("gpus_per_node", "or give cluster.node");
+  set_if(c.intra_node, r.choice("intra_node", kIntraNodes));
   set_if(c.nics_per_node, r.integer("nics_per_node"));
   if (!node && !r.has("nics_per_node") && c.nodes > 1) r.require("nics_per_node", "or give cluster.node");
   read_link(r, "nvlink", c.nvlink, node != nullptr, c.gpus_per_node > 1);
@@ -1335,6 +1341,10 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   if (ok({"cluster.nvlink.nvls_efficiency"}) && !(c.nvls_efficiency >= 0 && c.nvls_efficiency <= 1))
     p.add("cluster.nvlink.nvls_efficiency=" + fmt_double(c.nvls_efficiency) +
           " must be in [0, 1] (0: no NVLink SHARP)");
+  if (ok({"cluster.nvlink.nvls_efficiency", "cluster.intra_node", "cluster.node"}) &&
+      c.intra_node == IntraNode::xgmi_mesh && c.nvls_efficiency > 0)
+    p.add("cluster.nvlink.nvls_efficiency=" + fmt_double(c.nvls_efficiency) +
+          " must be 0 with cluster.intra_node=xgmi-mesh (in-switch reduction needs an NVSwitch; a mesh has none)");
   // NVLS runs on NVSwitch gen3 multicast (H100/H200/B200 nodes); forcing it elsewhere is not
   // something the simulator can fall back from silently (NCCL_ALGO=NVLS fails there too).
   if (ok({"cluster.collectives.algorithm", "cluster.nvlink.nvls_efficiency", "cluster.node"}) &&
@@ -1637,7 +1647,9 @@ NodePreset parse_node_file(const std::string& yaml_text, const std::string& sour
     const auto& valid = intra_node_topologies();
     if (std::find(valid.begin(), valid.end(), *t) == valid.end())
       ctx.fail("intra_node", "intra_node=" + quote(*t) + " is not one of " + join_list(valid));
-    else n.intra_node = *t;
+    else
+      for (const auto& [name, value] : kIntraNodes)
+        if (name == *t) n.intra_node = value;
   }
   auto link = [&](const char* key, const std::vector<std::string>* keys, LinkSpec& l, double* nvls) {
     Reader q(ctx, r.child(key), key, keys);

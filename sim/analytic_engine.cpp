@@ -95,7 +95,7 @@ class AnalyticEngine::Comm {
   /// fold rule for a NIC shared by several GPUs (sim/collective_exec.hpp flow_bytes).
   double p2p(int64_t a, int64_t b, double bytes) const {
     const bool in = a / gpn_ == b / gpn_;
-    const double bw = in ? model_.nvlink_bw : model_.net_bw / static_cast<double>(gpus_per_nic_);
+    const double bw = in ? model_.intra_bw(2) : model_.net_bw / static_cast<double>(gpus_per_nic_);
     const double alpha = in ? cluster_.nvlink.latency : std::max(cluster_.nvlink.latency, cluster_.nic.latency);
     return (bw > 0 ? bytes / bw : 0.0) + alpha;
   }

@@ -6,7 +6,8 @@
 // (sim/collectives/collective.hpp): per phase, the inter-node transfers as bulk flows on the
 // links of the topology (so concurrent collectives share NICs and switch uplinks), the
 // intra-node NVLink part as a closed-form sleep running alongside them (uncontended inside a
-// node: every GPU has its own NVSwitch ports), then the phase's latency terms as a sleep.
+// node: every GPU has its own NVSwitch ports; on an xgmi mesh, an assumption: the links a
+// collective's group uses are taken as its own), then the phase's latency terms as a sleep.
 // Alone on a non-blocking fabric this reproduces the algorithm's closed form exactly
 // (tests/unit/test_collectives.cpp); one bulk flow per transfer is within 0.25% of
 // per-message simulation under contention (../shared/design/SIMGRID.md, "Speed").

@@ -2,8 +2,9 @@
 // The SimGrid platform of a cluster (internal to sim/: includes SimGrid).
 //
 // Built from the cluster's graph (topologies/topology.hpp): every GPU is a host, every
-// constrained edge of the graph one SimGrid link (NVLink up/down per GPU, NIC up/down per
-// NIC, leaf and pod uplinks of the fabric), with bandwidth = line rate x NCCL efficiency.
+// constrained edge of the graph one SimGrid link (NVLink up/down per GPU, or on an xgmi mesh
+// one link per ordered GPU pair of a node; NIC up/down per NIC, leaf and pod uplinks of the
+// fabric), with bandwidth = line rate x NCCL efficiency.
 // Routes are the graph's (Topology::route), computed from host indices by a flat custom
 // zone (../shared/design/SIMGRID.md: per-GPU NICs cannot be expressed with zone gateways;
 // nested zones are slow at 16K GPUs).

@@ -47,7 +47,7 @@ const std::string& name_of(const Entry& x) { return x.preset.name; }
 
 const std::vector<std::string>& intra_node_topologies() {
   // The one list of valid intra_node values (node files, topologies/nodes/README.md).
-  static const std::vector<std::string> kTopologies = {"nvswitch"};
+  static const std::vector<std::string> kTopologies = {to_string(IntraNode::nvswitch), to_string(IntraNode::xgmi_mesh)};
   return kTopologies;
 }
 
@@ -70,6 +70,7 @@ ClusterSpec cluster_of(const NodePreset& n, int64_t nodes) {
   c.gpu = n.gpu_spec;
   c.nodes = nodes;
   c.gpus_per_node = n.gpus_per_node;
+  c.intra_node = n.intra_node;
   c.nvlink = n.nvlink;
   c.nvls_efficiency = n.nvls_efficiency;
   c.nics_per_node = n.nics_per_node;

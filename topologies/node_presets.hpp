@@ -21,8 +21,11 @@ struct NodePreset {
   std::string gpu;             // GPU preset name (topologies/gpu_presets.hpp), or a user's GPU file as written
   GpuSpec gpu_spec;            // that GPU, resolved when the preset was read
   int64_t gpus_per_node = 0;
-  std::string intra_node = "nvswitch";  // one of intra_node_topologies()
-  LinkSpec nvlink;             // per GPU into the NVSwitch domain
+  /// How the node's GPUs are joined (ClusterSpec::intra_node; a node file's intra_node, one
+  /// of intra_node_topologies()): NVSwitch, or a direct link per GPU pair (xgmi_mesh, AMD
+  /// Instinct platforms).
+  IntraNode intra_node = IntraNode::nvswitch;
+  LinkSpec nvlink;             // nvswitch: per GPU into the switch; xgmi_mesh: per peer link
   int64_t nics_per_node = 0;   // compute NICs (storage/management NICs excluded)
   LinkSpec nic;                // per NIC
   double hbm_reserve_bytes = 0;

@@ -34,13 +34,14 @@ const char* to_string(LinkKind k) {
     case LinkKind::leaf_down: return "leaf_down";
     case LinkKind::pod_up: return "pod_up";
     case LinkKind::pod_down: return "pod_down";
+    case LinkKind::xgmi: return "xgmi";
   }
   return "?";
 }
 
 namespace {
 
-constexpr int kLinkKinds = 9;
+constexpr int kLinkKinds = 10;
 
 bool is_down(LinkKind k) {
   return k == LinkKind::nvlink_down || k == LinkKind::nic_down || k == LinkKind::leaf_down || k == LinkKind::pod_down;
@@ -92,8 +93,26 @@ Topology::Topology(const ClusterSpec& c) {
   kind_count_.assign(kLinkKinds, 0);
 
   const double nv_bw = c.nvlink.bandwidth * c.nvlink.efficiency;
+  intra_node_ = c.intra_node;
   gpu_vertex_.reserve(static_cast<size_t>(gpus_));
-  for (int64_t n = 0; n < nodes_; ++n) {
+  if (intra_node_ == IntraNode::xgmi_mesh) {
+    // A direct link per ordered GPU pair of a node, no switch (header).
+    mesh_link_.assign(static_cast<size_t>(gpus_ * gpus_per_node_), -1);
+    for (int64_t n = 0; n < nodes_; ++n)
+      for (int64_t l = 0; l < gpus_per_node_; ++l)
+        gpu_vertex_.push_back(boost::add_vertex(TopoVertex{VertexKind::gpu, n * gpus_per_node_ + l}, g_));
+    for (int64_t gpu = 0; gpu < gpus_; ++gpu) {
+      const int64_t base = node_of(gpu) * gpus_per_node_;
+      for (int64_t l = 0; l < gpus_per_node_; ++l) {
+        if (base + l == gpu) continue;
+        const int64_t id = static_cast<int64_t>(links_.size());
+        links_.push_back(TopoLink{LinkKind::xgmi, kind_count_[static_cast<size_t>(LinkKind::xgmi)]++, nv_bw});
+        boost::add_edge(gpu_vertex(gpu), gpu_vertex(base + l), TopoEdge{LinkKind::xgmi, id}, g_);
+        mesh_link_[static_cast<size_t>(gpu * gpus_per_node_ + l)] = id;
+      }
+    }
+  }
+  for (int64_t n = 0; n < nodes_ && intra_node_ == IntraNode::nvswitch; ++n) {
     const TopoVertexId sw = boost::add_vertex(TopoVertex{VertexKind::nvswitch, n}, g_);
     for (int64_t l = 0; l < gpus_per_node_; ++l) {
       const TopoVertexId v = boost::add_vertex(TopoVertex{VertexKind::gpu, n * gpus_per_node_ + l}, g_);
@@ -163,8 +182,17 @@ void Topology::compute_parents() {
       throw std::logic_error("topology: NIC " + std::to_string(i) + " is not connected to the fabric");
 }
 
+int64_t Topology::mesh_link(int64_t src, int64_t dst) const {
+  if (intra_node_ != IntraNode::xgmi_mesh || src == dst || node_of(src) != node_of(dst)) return -1;
+  return mesh_link_[static_cast<size_t>(src * gpus_per_node_ + dst % gpus_per_node_)];
+}
+
 void Topology::route(int64_t src, int64_t dst, std::vector<int64_t>& out) const {
   if (src == dst) return;
+  if (node_of(src) == node_of(dst) && intra_node_ == IntraNode::xgmi_mesh) {
+    out.push_back(mesh_link(src, dst));
+    return;
+  }
   if (node_of(src) == node_of(dst)) {
     out.push_back(up_link_[gpu_vertex(src)]);
     out.push_back(down_link_[gpu_vertex(dst)]);

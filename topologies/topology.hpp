@@ -17,6 +17,13 @@
 // its NIC is kept in the graph for completeness and left out of routes: PCIe Gen5 x16
 // (64 GB/s) is faster than the NDR NIC behind it (50 GB/s) on DGX H100.
 //
+// cluster.intra_node = xgmi-mesh (AMD Instinct platforms) replaces a node's NVSwitch by a
+// fully connected mesh: no switch vertex, one xgmi link per ordered GPU pair of the node
+// (src -> dst, cluster.nvlink.bandwidth x efficiency each: the figure is per peer link), so a
+// node of k GPUs has k(k-1) directed links and a GPU k-1 outgoing ones. Inside a mesh node the
+// route between two GPUs is their own link [xgmi(src, dst)]: transfers between different
+// pairs never share a link.
+//
 // Routes: inside a NVLink domain [nvlink_up(src), nvlink_down(dst)]; across domains the tree
 // path between the two NICs: up-links from NIC(src) to the lowest common switch, down-links
 // to NIC(dst). Parent links come from a breadth-first search of the graph's down edges.
@@ -35,7 +42,7 @@
 namespace dtsim {
 
 enum class VertexKind { gpu, nvswitch, nic, leaf, spine, core };
-enum class LinkKind { nvlink_up, nvlink_down, pcie, nic_up, nic_down, leaf_up, leaf_down, pod_up, pod_down };
+enum class LinkKind { nvlink_up, nvlink_down, pcie, nic_up, nic_down, leaf_up, leaf_down, pod_up, pod_down, xgmi };
 const char* to_string(VertexKind);
 const char* to_string(LinkKind);
 
@@ -82,6 +89,11 @@ class Topology {
   int64_t rail_of(int64_t gpu) const { return (gpu % gpus_per_node_) / gpus_per_nic_; }
   /// True when the fabric has shared switch links above the NICs (leaf or pod uplinks).
   bool has_switch_uplinks() const { return uplinks_ > 0; }
+  /// The node's intra-node interconnect (cluster.intra_node).
+  IntraNode intra_node() const { return intra_node_; }
+  /// On an xgmi mesh: the index (into links()) of the direct link from GPU `src` to GPU `dst`
+  /// of the same node; -1 otherwise (different nodes, src == dst, or an NVSwitch node).
+  int64_t mesh_link(int64_t src, int64_t dst) const;
 
   TopoVertexId gpu_vertex(int64_t gpu) const { return gpu_vertex_[static_cast<size_t>(gpu)]; }
   TopoVertexId nic_vertex(int64_t nic) const { return nic_vertex_[static_cast<size_t>(nic)]; }
@@ -110,6 +122,8 @@ class Topology {
   std::vector<int64_t> kind_count_;  // per LinkKind, for TopoLink::index
   int64_t gpus_ = 0, nodes_ = 0, gpus_per_node_ = 1, nics_per_node_ = 1, gpus_per_nic_ = 1;
   int64_t uplinks_ = 0;
+  IntraNode intra_node_ = IntraNode::nvswitch;
+  std::vector<int64_t> mesh_link_;  // xgmi mesh: [gpu * gpus_per_node + local dst] -> link, -1 on the diagonal
   std::vector<TopoVertexId> gpu_vertex_, nic_vertex_;
   // Per vertex: its parent in the tree of down edges, the up link to it and the down link
   // from it (indices into links_), depth from the root (root: 0).

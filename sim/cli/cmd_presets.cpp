@@ -67,7 +67,7 @@ int run_presets(const PresetsOptions& o) {
                             {"file", node_preset_file(name)},
                             {"gpu", n.gpu},
                             {"gpus_per_nvlink_domain", n.gpus_per_node},
-                            {"intra_node", n.intra_node},
+                            {"intra_node", to_string(n.intra_node)},
                             {"nvlink_gbps_per_direction", n.nvlink.bandwidth / kGiga},
                             {"nics_per_node", n.nics_per_node},
                             {"nic_gbit_per_s", n.nic.bandwidth / kGigabit}});
@@ -87,7 +87,7 @@ int run_presets(const PresetsOptions& o) {
       {"node", "GPU", "GPUs/NVLink domain", "intra-node", "NVLink GB/s/dir", "NICs x Gb/s", "file"}};
   for (const auto& name : node_preset_names()) {
     const NodePreset& n = node_preset(name);
-    nodes.push_back({n.name, n.gpu, std::to_string(n.gpus_per_node), n.intra_node, number(n.nvlink.bandwidth / kGiga),
+    nodes.push_back({n.name, n.gpu, std::to_string(n.gpus_per_node), to_string(n.intra_node), number(n.nvlink.bandwidth / kGiga),
                      fmt::format("{} x {:g}", n.nics_per_node, n.nic.bandwidth / kGigabit), node_preset_file(name)});
   }
   std::cout << "GPU presets (dense peaks; cluster.gpu: NAME)\n"

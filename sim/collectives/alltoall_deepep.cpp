@@ -129,7 +129,7 @@ class DeepEp final : public Algorithm {
     if (g.n() < 2) return 0;
     const DeepEpFanout f = fanout(g);
     const double token = bytes / static_cast<double>(g.routing.topk);
-    const double nvl = token * f.other_members / m.nvlink_bw;
+    const double nvl = token * f.other_members / m.intra_bw(g.per_node());
     // The busiest NIC, sending or receiving, over the flows plan() launches.
     std::unordered_map<int64_t, double> out, in;
     for (const Flow& fl : rdma_flows(g, token * f.remote_nodes)) {
@@ -147,7 +147,7 @@ class DeepEp final : public Algorithm {
     const DeepEpFanout f = fanout(g);
     const double token = bytes / static_cast<double>(g.routing.topk);
     Phase ph;
-    ph.intra_s = token * f.other_members / m.nvlink_bw;
+    ph.intra_s = token * f.other_members / m.intra_bw(g.per_node());
     ph.flows = rdma_flows(g, token * f.remote_nodes);
     ph.latency_s = latency(g, m);
     t.phases.push_back(std::move(ph));

@@ -1,6 +1,7 @@
 // Direct pairwise AllToAll (NCCL: ncclSend/ncclRecv to every peer inside one group, as
 // nccl-tests alltoall_perf does): each rank sends S/n to each of the n-1 others, all at once.
-// Intra-node chunks go over NVLink; chunks for another node leave through the sender's own
+// Intra-node chunks go over NVLink (on an xgmi mesh each over its pair's own link, so the k-1
+// chunks of a member travel at once: B_nvlink below is then (k-1) B_link, CommModel::intra_bw); chunks for another node leave through the sender's own
 // NIC towards the same rail of the destination node (rail-aligned, PXN forwards inside the
 // destination node). On a node of k members (N nodes, q members per NIC):
 //   T = max((k-1) S/n / B_nvlink, q (n-k) S/n / B_net) + alpha
@@ -18,10 +19,14 @@ namespace {
 
 double latency(const GroupLayout& g, const CommModel& m) { return nccl::alltoall_latency(m, g.node_count() > 1); }
 
+/// The (k-1) chunks a member sends inside its node of k members, at CommModel::intra_bw(k):
+/// one NVSwitch port, or k-1 direct links on an xgmi mesh (one chunk per link, all at once).
 double nvlink_time(const GroupLayout& g, const CommModel& m, double bytes) {
   double worst = 0;
-  for (const auto& nd : g.nodes) worst = std::max(worst, static_cast<double>(nd.size() - 1) * bytes / static_cast<double>(g.n()));
-  return worst / m.nvlink_bw;
+  for (const auto& nd : g.nodes)
+    worst = std::max(worst, static_cast<double>(nd.size() - 1) * bytes / static_cast<double>(g.n()) /
+                                m.intra_bw(static_cast<int64_t>(nd.size())));
+  return worst;
 }
 
 class Direct final : public Algorithm {

@@ -113,6 +113,8 @@ CommModel CommModel::of(const ClusterSpec& c) {
   m.net_bw = c.nic.bandwidth * c.nic.efficiency;
   m.nvlink_latency = c.nvlink.latency;
   m.net_latency = c.nic.latency;
+  m.mesh = c.intra_node == IntraNode::xgmi_mesh;
+  m.ll128 = !m.mesh;  // header: RCCL never chooses LL128 on MI300X nodes
   return m;
 }
 

@@ -51,12 +51,44 @@ std::optional<Protocol> parse_protocol(std::string_view);  // ll, ll128, simple 
 double busbw_factor(CollOp op, int64_t n);
 
 /// Link figures of a cluster as the cost models use them.
+///
+/// xgmi mesh (cluster.intra_node = xgmi-mesh, AMD Instinct nodes): nvlink_bw is the rate of ONE
+/// peer link and a GPU's intra-node traffic is bounded by the links it uses. RCCL runs its
+/// rings on such a node over several GPU permutations that together use every directed link
+/// equally: ROCm/rccl src/graph/rome_models.cc @0cbce2a7, rome_model_79 (8 fully connected
+/// GPUs, nLinks 7, no NICs) lists 14 rings, 7 Hamiltonian cycles that cover each of the 56
+/// directed links exactly once plus their 7 reverses, each twice (28 channels); rome_model_81
+/// (the same mesh with 8 NICs) lists 8 node-crossing chains N_i i ... N_j whose 56 intra-node
+/// hops again cover every directed link once (parseGraph turns each into a channel). A ring's
+/// per-member edge volume E is thus split evenly over the k-1 links among the k members of a
+/// node, every link carrying E/(k-1): the ring runs at (k-1) x nvlink_bw per GPU (intra_bw).
+/// The same holds for groups of k < 8 members (every Hamiltonian cycle of the k members with
+/// its reverse, in equal shares, loads each directed link equally); RCCL's README ("Improving
+/// performance on MI300 when using less than 8 GPUs": "only a fraction of the potential
+/// bandwidth") and its 32 / 24 channels for 2 / 4 GPUs agree that fewer members reach fewer
+/// links. An AllToAll or any traffic a GPU spreads evenly over its peers uses its k-1 links at
+/// once: the same (k-1) x nvlink_bw; a transfer between two GPUs uses their one link (k = 2).
+/// Assumption: concurrent intra-node collectives on a mesh are not contended (as on NVSwitch:
+/// the intra-node part stays closed form, sim/collective_exec.hpp).
 struct CommModel {
-  double nvlink_bw = 0;       // per GPU and direction, NCCL Ring/Simple rate (line x efficiency)
+  double nvlink_bw = 0;       // per GPU and direction (NVSwitch) or per peer link (xgmi mesh), NCCL Ring/Simple rate (line x efficiency)
   double nvls_bw = 0;         // per GPU and direction under NVLS (line x nvls_efficiency); 0 = none
   double net_bw = 0;          // per NIC and direction, NCCL rate (line x efficiency)
   double nvlink_latency = 0;  // per ring step on NVLink, Simple protocol (cluster.nvlink.latency)
   double net_latency = 0;     // per ring step across nodes, Simple (cluster.nic.latency)
+  /// xgmi mesh: nvlink_bw is per peer link (above).
+  bool mesh = false;
+  /// Whether the LL128 protocol runs. Off on an xgmi mesh: RCCL's tuning model for MI300X
+  /// nodes (ROCm/rccl src/graph/tuning.cc @0cbce2a7 tuning_model_5, which rome_model_79's
+  /// options "tuning=5" select) has bwRatio 0 for LL128, so its tuner never picks it.
+  bool ll128 = true;
+  /// Per GPU and direction, the intra-node rate of traffic a GPU spreads evenly over the other
+  /// members of its node when `k` members of the group sit on that node (rings, chains,
+  /// AllToAll, forwarding): nvlink_bw on an NVSwitch (one port per GPU), (k-1) nvlink_bw on an
+  /// xgmi mesh (k-1 links, above). k = 2 is one GPU pair. B/s.
+  double intra_bw(int64_t k) const {
+    return mesh ? static_cast<double>(k > 1 ? k - 1 : 1) * nvlink_bw : nvlink_bw;
+  }
   static CommModel of(const ClusterSpec& c);
 };
 

@@ -42,7 +42,7 @@ double floor_time(const GroupLayout& g, double bytes, Protocol p) {
 
 double chain_time(const GroupLayout& g, double bytes, const CommModel& m) {
   const double k = static_cast<double>(g.per_node());
-  return 2 * (k - 1) / k * bytes / m.nvlink_bw;
+  return 2 * (k - 1) / k * bytes / m.intra_bw(g.per_node());  // xgmi mesh: chains over k-1 links
 }
 
 class DoubleBinaryTree final : public Algorithm {
@@ -70,7 +70,7 @@ class DoubleBinaryTree final : public Algorithm {
   double tuner_time(CollOp, const GroupLayout& g, const CommModel& m, double bytes, Protocol p) const override {
     if (g.n() < 2) return 0;
     const double f = nccl::tree_bw_factor(p, g.node_count());
-    double t = 2 * bytes / m.nvlink_bw;
+    double t = 2 * bytes / m.intra_bw(g.per_node());
     if (g.node_count() > 1) {
       const double k = static_cast<double>(g.per_node()), q = static_cast<double>(g.max_members_per_nic());
       t = std::max(t, 4 * q * bytes / (2 * k) / m.net_bw);

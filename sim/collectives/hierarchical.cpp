@@ -21,7 +21,7 @@ Parts parts(const GroupLayout& g, const CommModel& m, double bytes) {
   const double k = static_cast<double>(g.per_node()), N = static_cast<double>(g.node_count());
   const double q = static_cast<double>(g.max_members_per_nic());
   Parts p;
-  p.intra_s = (k - 1) / k * bytes / m.nvlink_bw;
+  p.intra_s = (k - 1) / k * bytes / m.intra_bw(g.per_node());
   p.intra_lat = (k - 1) * step_latency(m, Hw::NVLink, Algo::Ring, Protocol::Simple);
   p.rail_edge = 2 * (N - 1) / N * bytes / k;
   p.rail_s = q * p.rail_edge / m.net_bw;

@@ -35,6 +35,7 @@ class Nvls final : public Algorithm {
   std::string unsupported(CollOp op, const GroupLayout& g, const CommModel& m) const override {
     if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather)
       return "nvls runs AllReduce, ReduceScatter and AllGather";
+    if (m.mesh) return "nvls needs an NVSwitch to reduce in (this node is an xgmi mesh)";
     if (!(m.nvls_bw > 0)) return "nvls needs NVLink SHARP (NVSwitch gen 3 or later; cluster.nvlink.nvls_efficiency is 0)";
     if (g.node_count() > 1) return "nvls runs inside one NVLink domain (the group spans " + std::to_string(g.node_count()) + " nodes)";
     if (g.n() <= 2) return "NCCL enables NVLS only on more than 2 GPUs";

@@ -41,7 +41,7 @@ class P2p final : public Algorithm {
     double net = 0;
     for (const auto& [nic, l] : out) net = std::max(net, l);
     for (const auto& [nic, l] : in) net = std::max(net, l);
-    const double t = std::max(intra ? bytes / m.nvlink_bw : 0.0, net / m.net_bw);
+    const double t = std::max(intra ? bytes / m.intra_bw(2) : 0.0, net / m.net_bw);
     return t + latency(g, m);
   }
   TrafficPlan plan(CollOp, const GroupLayout& g, const CommModel& m, double bytes, Protocol) const override {
@@ -50,7 +50,7 @@ class P2p final : public Algorithm {
     Phase ph;
     for (size_t i = 0; i < g.members.size(); ++i) {
       const int64_t s = g.members[i], d = g.members[(i + 1) % g.members.size()];
-      if (same_node(g, s, d)) ph.intra_s = bytes / m.nvlink_bw;
+      if (same_node(g, s, d)) ph.intra_s = bytes / m.intra_bw(2);  // one GPU pair (its own link on a mesh)
       else ph.flows.push_back({s, d, bytes});
     }
     ph.latency_s = latency(g, m);

@@ -14,6 +14,8 @@
 //   base + (steps - s_net) alpha_nvlink + s_net alpha_net,
 // s_net = 2(N-1) for AllReduce, N-1 otherwise (steps that cross the network; N nodes).
 // One node: T = E / (B_nvlink f_proto) + steps alpha_nvlink + base.
+// On an xgmi mesh B_nvlink is the node's ring rate (k-1) B_link for k members on it
+// (CommModel::intra_bw, from RCCL's MI300X ring permutations; collective.hpp).
 #include <algorithm>
 
 #include "sim/collectives/nccl_model.hpp"
@@ -57,16 +59,18 @@ RingShape shape(CollOp op, const GroupLayout& g, double bytes) {
 
 double ppn(const GroupLayout& g) { return static_cast<double>(g.n()) / static_cast<double>(g.node_count()); }
 
-/// Largest NVLink load of any member: E inside one node (the ring closes over NVLink);
-/// (k-1)/k E on a node of k members of a ring across nodes (1/k leaves through the NIC).
-double nvlink_time(const GroupLayout& g, double edge, double bw) {
-  if (g.node_count() == 1) return edge / bw;
+/// Longest NVLink time of any member: E inside one node (the ring closes over NVLink);
+/// (k-1)/k E on a node of k members of a ring across nodes (1/k leaves through the NIC); at
+/// the node's intra-node ring rate (CommModel::intra_bw: on an xgmi mesh RCCL's rings spread
+/// E over the k-1 links among the node's members).
+double nvlink_time(const GroupLayout& g, double edge, const CommModel& m) {
+  if (g.node_count() == 1) return edge / m.intra_bw(g.n());
   double worst = 0;
   for (const auto& nd : g.nodes) {
     const double k = static_cast<double>(nd.size());
-    worst = std::max(worst, (k - 1) / k * edge);
+    worst = std::max(worst, (k - 1) / k * edge / m.intra_bw(static_cast<int64_t>(nd.size())));
   }
-  return worst / bw;
+  return worst;
 }
 
 double latency(const RingShape& r, const CommModel& m, Protocol p) {
@@ -102,9 +106,9 @@ class Ring final : public Algorithm {
       // Uniform groups: k members per node, at most q of them on one NIC.
       const double k = static_cast<double>(g.per_node());
       const double q = static_cast<double>(g.max_members_per_nic());
-      bw_time = std::max((k - 1) / k * r.edge / m.nvlink_bw, q * r.edge / k / m.net_bw);
+      bw_time = std::max((k - 1) / k * r.edge / m.intra_bw(g.per_node()), q * r.edge / k / m.net_bw);
     } else {
-      bw_time = std::max(nvlink_time(g, r.edge, m.nvlink_bw),
+      bw_time = std::max(nvlink_time(g, r.edge, m),
                          traffic::ring_boundaries_time(g, r.edge, r.cyclic, m.net_bw));
     }
     return std::max(bw_time / f, floor_time(r, g, p)) + latency(r, m, p);
@@ -115,7 +119,7 @@ class Ring final : public Algorithm {
     const RingShape r = shape(op, g, bytes);
     const double f = nccl::ring_bw_factor(p, op, g.node_count(), ppn(g));
     Phase ph;
-    ph.intra_s = nvlink_time(g, r.edge, m.nvlink_bw) / f;
+    ph.intra_s = nvlink_time(g, r.edge, m) / f;
     ph.floor_s = floor_time(r, g, p);
     // Protocol overhead as extra bytes on the wire: on links calibrated for Simple, a flow
     // of E / f takes E / (f B).

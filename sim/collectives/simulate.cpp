@@ -113,4 +113,44 @@ std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& c
   return out;
 }
 
+std::vector<double> simulate_transfers_isolated(const ClusterSpec& cluster, const std::vector<Flow>& flows) {
+  for (const Flow& f : flows)
+    for (int64_t g : {f.src, f.dst})
+      if (g < 0 || g >= cluster.gpus())
+        throw InputError("GPU " + std::to_string(g) + " is outside the cluster's " + std::to_string(cluster.gpus()) + " GPUs");
+  const std::string text = run_in_child(
+      [&] {
+        std::vector<double> end(flows.size(), 0.0);
+        xbt_log_control_set("root.thres:critical");
+        int argc = 1;
+        char arg0[] = "dtsim";
+        char* argv[] = {arg0, nullptr};
+        sg4::Engine engine(&argc, argv);
+        for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
+          for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
+        simgrid_engine::prepare_actor_stacks();
+        simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
+        for (size_t i = 0; i < flows.size(); ++i) {
+          const Flow f = flows[i];
+          sg4::Actor::create("transfer" + std::to_string(i), p.hosts[static_cast<size_t>(f.src)], [&p, &end, f, i] {
+            sg4::Comm::sendto(p.hosts[static_cast<size_t>(f.src)], p.hosts[static_cast<size_t>(f.dst)],
+                              static_cast<uint64_t>(std::max(1.0, f.bytes + 0.5)));
+            end[i] = sg4::Engine::get_clock();
+          });
+        }
+        engine.run();
+        std::ostringstream os;
+        os.precision(17);
+        for (double t : end) os << t << '\n';
+        return os.str();
+      },
+      "transfer simulation");
+  std::vector<double> out;
+  std::istringstream in(text);
+  double t = 0;
+  while (in >> t) out.push_back(t);
+  if (out.size() != flows.size()) throw std::runtime_error("transfer simulation child returned a short result");
+  return out;
+}
+
 }  // namespace dtsim::collectives

@@ -43,4 +43,12 @@ std::vector<CollectiveTiming> simulate_collectives_isolated(const ClusterSpec& c
                                                             const std::vector<CollectiveRun>& runs, bool fold = false,
                                                             bool sample_planes = true);
 
+/// GPU-to-GPU transfers started together at time 0 on the cluster's SimGrid platform, each one
+/// bulk flow of `bytes` on its topology route (Topology::route; no collective latency terms):
+/// the simulated seconds until each ends, in order. Shows what the links are: e.g. on an xgmi
+/// mesh a transfer between two GPUs of a node crosses only their own link, so transfers of
+/// different pairs never share one. Runs in a forked child (one engine per process). Throws
+/// InputError for GPUs outside the cluster.
+std::vector<double> simulate_transfers_isolated(const ClusterSpec& cluster, const std::vector<Flow>& flows);
+
 }  // namespace dtsim::collectives

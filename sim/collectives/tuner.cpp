@@ -24,6 +24,7 @@ Choice best(const std::vector<const Algorithm*>& algos, CollOp op, const GroupLa
     if (!a->unsupported(op, g, m).empty()) continue;
     for (Protocol p : {Protocol::LL, Protocol::LL128, Protocol::Simple}) {
       if (!has(a->protocols(), p) || (proto && *proto != p)) continue;
+      if (p == Protocol::LL128 && !m.ll128) continue;  // RCCL on MI300X nodes (CommModel::ll128)
       const double t = a->tuner_time(op, g, m, bytes, p);
       if (t < best_t) c = Choice{a, p, a->closed_form(op, g, m, bytes, p)};
       if (t < best_t) best_t = t;
@@ -48,6 +49,13 @@ Choice choose(CollOp op, const GroupLayout& g, const CommModel& m, double bytes,
     proto = parse_protocol(want.protocol);
     if (!proto)
       throw InputError(what + ": \"" + want.protocol + "\" is not a protocol (valid: auto, simple, ll, ll128)");
+  }
+  if (proto && *proto == Protocol::LL128 && !m.ll128) {
+    // RCCL on MI300X nodes (CommModel::ll128): NCCL_PROTO=LL128 is not honoured there either.
+    if (strict)
+      throw InputError(what + ": protocol LL128 does not run on an xgmi mesh (RCCL's MI300X tuning model, "
+                              "src/graph/tuning.cc tuning_model_5, gives it no bandwidth); use simple, ll or auto");
+    proto.reset();
   }
   std::vector<const Algorithm*> candidates;
   for (const Algorithm* a : algorithms())

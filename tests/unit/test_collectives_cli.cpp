@@ -134,7 +134,7 @@ TEST_F(CollectiveCli, BadInputsAreInputErrors) {
   const Outcome preset = dtsim("collective --cluster dgx-x --gpus 8");
   EXPECT_EQ(preset.code, 2);
   EXPECT_NE(preset.err.find("unknown node preset \"dgx-x\" (valid: dgx-a100-40gb, dgx-a100, dgx-b200, dgx-b300, dgx-h100, dgx-h20, dgx-h200, dgx-h800, "
-                            "gb200-nvl72, gb300-nvl72)"),
+                            "gb200-nvl72, gb300-nvl72, mi300x, mi325x, mi355x)"),
             std::string::npos)
       << preset.err;
   const Outcome size = dtsim("collective --cluster dgx-h100 --gpus 8 -b 8X");

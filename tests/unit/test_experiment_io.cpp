@@ -504,7 +504,7 @@ TEST(ExperimentIoUnknownKey, ClusterAndNestedMaps) {
     ASSERT_EQ(ps.size(), 1u) << dump(ps);
     EXPECT_EQ(ps[0],
               "exp.yaml: unknown key cluster.switches (valid keys under cluster: name, gpu, node, nodes, "
-              "gpus_per_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve, host_dispatch)");
+              "gpus_per_node, intra_node, nvlink, nics_per_node, nic, fabric, collectives, hbm_reserve, host_dispatch)");
   }
   {
     const auto ps = problems(with_line("  nodes: 2", "  nic:\n    speed: 400 Gb/s"));
@@ -1264,7 +1264,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
   // Registry order: the shipped files' names (topologies/gpus/*.yaml).
   EXPECT_EQ(gpu_preset_names(),
             (std::vector<std::string>{"A100-SXM4-40GB", "A100-SXM4-80GB", "B200", "B300", "GB200", "GB300",
-                                      "H100-SXM5-80GB", "H20", "H200-SXM-141GB", "H800-SXM5-80GB"}));
+                                      "H100-SXM5-80GB", "H20", "H200-SXM-141GB", "H800-SXM5-80GB", "MI300X", "MI325X", "MI355X"}));
   EXPECT_EQ(&gpu_preset("b200"), find_gpu_preset("B200"));
   EXPECT_EQ(find_gpu_preset("nope"), nullptr);
   try {
@@ -1273,7 +1273,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
               "unknown GPU preset \"nope\" (valid: A100-SXM4-40GB, A100-SXM4-80GB, B200, B300, GB200, GB300, "
-              "H100-SXM5-80GB, H20, H200-SXM-141GB, H800-SXM5-80GB)");
+              "H100-SXM5-80GB, H20, H200-SXM-141GB, H800-SXM5-80GB, MI300X, MI325X, MI355X)");
   }
   for (const auto& name : gpu_preset_names()) {
     SCOPED_TRACE(name);
@@ -1298,7 +1298,7 @@ TEST(ExperimentIoPresets, GpuRegistry) {
 TEST(ExperimentIoPresets, NodeRegistry) {
   EXPECT_EQ(node_preset_names(),
             (std::vector<std::string>{"dgx-a100-40gb", "dgx-a100", "dgx-b200", "dgx-b300", "dgx-h100", "dgx-h20",
-                                      "dgx-h200", "dgx-h800", "gb200-nvl72", "gb300-nvl72"}));
+                                      "dgx-h200", "dgx-h800", "gb200-nvl72", "gb300-nvl72", "mi300x", "mi325x", "mi355x"}));
   for (const auto& name : node_preset_names()) {
     SCOPED_TRACE(name);
     const NodePreset& n = node_preset(name);

@@ -58,7 +58,8 @@ TEST(PresetFiles, EveryShippedFileParses) {
     EXPECT_EQ(problems_of([&] { parse_node_file(f.text, f.path, ""); }), std::vector<std::string>{});
     const NodePreset n = parse_node_file(f.text, f.path, "");
     EXPECT_EQ(node_preset_file(n.name), f.path);
-    EXPECT_EQ(n.intra_node, "nvswitch");
+    // AMD Instinct platforms join their 8 GPUs by a direct xGMI link per pair; NVIDIA's by NVSwitch.
+    EXPECT_EQ(n.intra_node, n.name.rfind("mi", 0) == 0 ? IntraNode::xgmi_mesh : IntraNode::nvswitch);
     EXPECT_EQ(n.gpu_spec.name, gpu_preset(n.gpu).name);
   }
 }
@@ -281,7 +282,7 @@ TEST(PresetFiles, UserNodeFile) {
   const auto ps = problems_of(
       [&] { parse_experiment(experiment_with("node", "hw/bad-node.yaml"), "exp.yaml", {}, d.path().string()); });
   EXPECT_TRUE(has(ps, "exp.yaml: cluster.node=\"hw/bad-node.yaml\": " + file +
-                          ": intra_node=\"torus\" is not one of nvswitch"))
+                          ": intra_node=\"torus\" is not one of nvswitch, xgmi-mesh"))
       << dump(ps);
   EXPECT_TRUE(has(ps, "exp.yaml: cluster.node=\"hw/bad-node.yaml\": " + file +
                           ": nvlink.latency=\"3\" is not a time (expected e.g. \"1.5 us\")"))
@@ -317,7 +318,7 @@ TEST(PresetFiles, ShippedFileProblemsNameTheFile) {
   EXPECT_TRUE(has(ps, "topologies/nodes/n.yaml: unknown key nvlink.speed (valid keys under nvlink: bandwidth, latency, "
                       "efficiency, nvls_efficiency)"))
       << dump(ps);
-  EXPECT_EQ(intra_node_topologies(), std::vector<std::string>{"nvswitch"});
+  EXPECT_EQ(intra_node_topologies(), (std::vector<std::string>{"nvswitch", "xgmi-mesh"}));
   EXPECT_TRUE(is_preset_file_ref("a.yaml"));
   EXPECT_TRUE(is_preset_file_ref("a.yml"));
   EXPECT_TRUE(is_preset_file_ref("hw/a"));
