@@ -212,3 +212,33 @@ TEST(Precision, StepTimesOrderByRecipeAndEnginesAgree) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+// Issue 19's done-when: the shipped 256-GPU GB300 NVL72 example runs with mxfp8 and nvfp4 (the
+// recipes Blackwell Ultra takes), each faster than BF16; MI300X (CDNA3) has no microscaling.
+TEST(PrecisionShipped, Gb300Nvl72RunsMxfp8AndNvfp4) {
+  const std::string file = std::string(DTSIM_SOURCE_DIR) + "/experiments/examples/gb300-nvl72-256.yaml";
+  auto step = [&](const std::string& recipe) {
+    return simulate_step_isolated(load_experiment(file, {"training.precision=" + recipe})).step_time_s;
+  };
+  const double bf16 = step("bf16"), mx = step("mxfp8"), fp4 = step("nvfp4");
+  EXPECT_GT(bf16, 0);
+  EXPECT_LT(mx, bf16);
+  EXPECT_LT(fp4, mx);
+  const std::string amd = std::string(DTSIM_SOURCE_DIR) + "/experiments/examples/mi300x-llama3-70b.yaml";
+  try {
+    load_experiment(amd, {"training.precision=mxfp8"});
+    ADD_FAILURE() << "mxfp8 on MI300X accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("training.precision=mxfp8 needs tensor cores that apply block scales "
+                                         "(microscaling), but cluster.gpu MI300X has microscaling=false"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(load_experiment(amd, {"training.precision=fp8-current"}));
+}
+
+}  // namespace
+}  // namespace dtsim
