@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -47,19 +48,26 @@ std::vector<CollectiveTiming> prepare(const ClusterSpec& c, const std::vector<Co
   return out;
 }
 
+// A SimGrid engine with dtsim's model and context flags and actor stacks (as sim/simgrid_engine.cpp
+// sets them up), quiet below critical log messages.
+std::unique_ptr<sg4::Engine> new_engine() {
+  xbt_log_control_set("root.thres:critical");
+  int argc = 1;
+  char arg0[] = "dtsim";
+  char* argv[] = {arg0, nullptr};
+  auto engine = std::make_unique<sg4::Engine>(&argc, argv);
+  for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
+    for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
+  simgrid_engine::prepare_actor_stacks();
+  return engine;
+}
+
 }  // namespace
 
 std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, const std::vector<CollectiveRun>& runs,
                                                    bool fold, bool sample_planes) {
   std::vector<CollectiveTiming> timings = prepare(cluster, runs);
-  xbt_log_control_set("root.thres:critical");
-  int argc = 1;
-  char arg0[] = "dtsim";
-  char* argv[] = {arg0, nullptr};
-  sg4::Engine engine(&argc, argv);
-  for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
-    for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
-  simgrid_engine::prepare_actor_stacks();
+  const auto engine = new_engine();
   simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
   simgrid_engine::start_flow_proxy(p);
   const simgrid_engine::FoldPolicy fp{fold, sample_planes};
@@ -84,7 +92,7 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
       for (auto& a : actors) a->join();
     }
   });
-  engine.run();
+  engine->run();
   return timings;
 }
 
@@ -121,14 +129,7 @@ std::vector<double> simulate_transfers_isolated(const ClusterSpec& cluster, cons
   const std::string text = run_in_child(
       [&] {
         std::vector<double> end(flows.size(), 0.0);
-        xbt_log_control_set("root.thres:critical");
-        int argc = 1;
-        char arg0[] = "dtsim";
-        char* argv[] = {arg0, nullptr};
-        sg4::Engine engine(&argc, argv);
-        for (const auto* flags : {&simgrid_engine::model_flags(), &simgrid_engine::context_flags()})
-          for (const auto& [k, v] : *flags) sg4::Engine::set_config(k + ":" + v);
-        simgrid_engine::prepare_actor_stacks();
+        const auto engine = new_engine();
         simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
         for (size_t i = 0; i < flows.size(); ++i) {
           const Flow f = flows[i];
@@ -138,7 +139,7 @@ std::vector<double> simulate_transfers_isolated(const ClusterSpec& cluster, cons
             end[i] = sg4::Engine::get_clock();
           });
         }
-        engine.run();
+        engine->run();
         std::ostringstream os;
         os.precision(17);
         for (double t : end) os << t << '\n';
