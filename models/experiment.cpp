@@ -71,6 +71,7 @@ const char* to_string(Framework f) {
     case Framework::megatron: return "megatron";
     case Framework::deepspeed: return "deepspeed";
     case Framework::zero_paper: return "zero-paper";
+    case Framework::fsdp: return "fsdp";
   }
   return "?";
 }

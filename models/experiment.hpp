@@ -24,7 +24,12 @@ enum class Precision { bf16, fp8_delayed, fp8_current, fp8_block, mxfp8, nvfp4 }
 ///              direction and there is no switch (AMD Instinct MI300X / MI325X / MI355X
 ///              platforms: 8 GPUs, 7 Infinity Fabric links each; topologies/nodes/mi300x.yaml).
 enum class IntraNode { nvswitch, xgmi_mesh };
-enum class Framework { megatron, deepspeed, zero_paper };
+/// Whose training loop runs the layout (training.framework): the bytes each keeps per parameter
+/// (models/memory.hpp) and, with layout.zero_stage 3, how parameters and gradients move
+/// (models/zero3.hpp): megatron (Megatron-Core; ZeRO-3 as Megatron-FSDP optim_grads_params),
+/// deepspeed (DeepSpeed ZeRO), zero_paper (Rajbhandari et al. 2020's accounting), fsdp
+/// (PyTorch FSDP2 fully_shard per transformer layer, ZeRO-3 only).
+enum class Framework { megatron, deepspeed, zero_paper, fsdp };
 /// CUDA graph capture (training.cuda_graphs; models/host_dispatch.hpp): none (eager launches),
 /// layers (each transformer layer's forward and backward captured and replayed, Megatron-Core
 /// --cuda-graph-impl local / transformer_engine with --cuda-graph-modules empty: the whole
@@ -307,6 +312,13 @@ struct Training {
   /// DDP / distributed-optimizer gradient bucket, bytes; 0 = the framework default
   /// (Megatron-Core: max(40M, 1M x DP) parameters).
   double grad_bucket_bytes = 0;
+  /// DeepSpeed ZeRO-3 (framework deepspeed, zero_stage 3): parameter elements of the module
+  /// trace within which a gathered parameter used again is kept instead of released, and the
+  /// most parameter elements gathered at once (DeepSpeed's stage3_max_reuse_distance and
+  /// stage3_max_live_parameters, both 1e9 by default, deepspeed/runtime/zero/config.py);
+  /// models/zero3.hpp zero3_kept_layers.
+  double stage3_max_reuse_distance = 1e9;
+  double stage3_max_live_parameters = 1e9;
   /// Distributed optimizer / ZeRO-1/2: parameter AllGather overlapped with the next
   /// step's forward (Megatron --overlap-param-gather) instead of exposed after the step.
   bool overlap_param_gather = false;

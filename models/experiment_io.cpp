@@ -46,8 +46,10 @@
 //          fp8-block|mxfp8|nvfp4; bf16; models/precision.hpp) or its alias dtype (bf16|fp8 =
 //          fp8-delayed), fp8_param_gather (false), first_last_layers_bf16 (false),
 //          num_layers_at_start_in_bf16 (1), num_layers_at_end_in_bf16 (1), flash_attention
-//          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper;
+//          (true), overlap_grad_reduce (true), framework (megatron|deepspeed|zero-paper|fsdp;
 //          megatron), main_grad (fp32|bf16; fp32), grad_bucket (bytes; framework default),
+//          stage3_max_reuse_distance, stage3_max_live_parameters (elements; 1e9: DeepSpeed
+//          ZeRO-3, models/zero3.hpp),
 //          overlap_param_gather (false), tp_comm_overlap (false),
 //          reduce_every_micro_batch (false), comm_interference (true), overlap_p2p (false),
 //          moe_token_dispatcher (alltoall|deepep|hybridep; alltoall), moe_deepep_num_sms (20),
@@ -134,7 +136,8 @@ const std::vector<std::string>* keys_of(const std::string& map_path) {
       {"training",
        {"seq_len", "global_batch", "micro_batch", "precision", "dtype", "fp8_param_gather", "first_last_layers_bf16",
         "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "flash_attention", "overlap_grad_reduce",
-        "framework", "main_grad", "grad_bucket", "overlap_param_gather", "tp_comm_overlap",
+        "framework", "main_grad", "grad_bucket", "stage3_max_reuse_distance", "stage3_max_live_parameters",
+        "overlap_param_gather", "tp_comm_overlap",
         "reduce_every_micro_batch", "comm_interference", "overlap_p2p", "moe_token_dispatcher", "moe_deepep_num_sms",
         "moe_hybridep_num_sms",
         "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap", "cuda_graphs"}},
@@ -207,7 +210,8 @@ const Choices<Schedule> kSchedules = [] {
 }();
 const Choices<GradDtype> kGradDtypes = {{"fp32", GradDtype::fp32}, {"bf16", GradDtype::bf16}};
 const Choices<Framework> kFrameworks = {
-    {"megatron", Framework::megatron}, {"deepspeed", Framework::deepspeed}, {"zero-paper", Framework::zero_paper}};
+    {"megatron", Framework::megatron}, {"deepspeed", Framework::deepspeed}, {"zero-paper", Framework::zero_paper},
+    {"fsdp", Framework::fsdp}};
 
 // ---------------------------------------------------------------------------------------
 // Parse context: the problem list plus the keys that failed to parse ("bad" keys). The
@@ -934,6 +938,8 @@ Training read_training(Reader r) {
   if (auto g = r.choice("main_grad", kGradDtypes)) t.main_grad = *g;
   else t.main_grad = t.framework == Framework::megatron ? GradDtype::fp32 : GradDtype::bf16;
   set_if(t.grad_bucket_bytes, r.quantity("grad_bucket", Quantity::bytes));
+  set_if(t.stage3_max_reuse_distance, r.number("stage3_max_reuse_distance"));
+  set_if(t.stage3_max_live_parameters, r.number("stage3_max_live_parameters"));
   set_if(t.overlap_param_gather, r.boolean("overlap_param_gather"));
   set_if(t.tp_comm_overlap, r.boolean("tp_comm_overlap"));
   set_if(t.reduce_every_micro_batch, r.boolean("reduce_every_micro_batch"));
@@ -1216,6 +1222,22 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
           "optimizer is ZeRO-1 (gradients stay whole in its grad buffer and are reduce-scattered once per step), "
           "while ZeRO-2 shards gradients and so reduce-scatters them every micro-batch; use layout.zero_stage=1 "
           "for Megatron, or training.framework=deepspeed for ZeRO-2");
+  // PyTorch FSDP2 as modelled here is fully_shard with reshard_after_forward (ZeRO-3,
+  // models/zero3.hpp); DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/
+  // engine.py PipelineEngine.__init__: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+  // parallelism", @edaa7221).
+  if (ok({"layout.zero_stage", "training.framework"}) && t.framework == Framework::fsdp && l.zero_stage != 3)
+    p.add("training.framework=fsdp needs layout.zero_stage=3 (PyTorch FSDP2 fully_shard shards parameters, "
+          "gradients and optimizer states), got layout.zero_stage=" + s(l.zero_stage));
+  if (ok({"layout.zero_stage", "training.framework", "layout.pp"}) && t.framework == Framework::deepspeed &&
+      l.zero_stage >= 2 && l.pp > 1)
+    p.add("layout.pp=" + s(l.pp) + " with layout.zero_stage=" + s(l.zero_stage) +
+          " and training.framework=deepspeed: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and "
+          "ZeRO-3 are incompatible with pipeline parallelism\", deepspeed/runtime/pipe/engine.py)");
+  for (const auto& [key, v] : {std::pair<const char*, double>{"training.stage3_max_reuse_distance", t.stage3_max_reuse_distance},
+                               {"training.stage3_max_live_parameters", t.stage3_max_live_parameters}})
+    if (ok({key}) && !(v >= 0 && v <= 1e15))
+      p.add(std::string(key) + "=" + fmt_double(v) + " must be a parameter count between 0 and 1e15");
   if (ok({"cluster.nics_per_node"}) && c.nics_per_node < 0)
     p.add("cluster.nics_per_node=" + s(c.nics_per_node) + " must be >= 0");
   check_count_limits(e, p, ok, too_big);

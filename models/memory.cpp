@@ -12,6 +12,7 @@
 #include "models/precision.hpp"
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
+#include "models/zero3.hpp"
 
 namespace dtsim {
 
@@ -30,9 +31,6 @@ void check_layout(const Layout& l) {
 
 }  // namespace
 
-// DeepSpeed ZeRO reduce_bucket_size default, elements (deepspeed/runtime/zero/config.py;
-// DeepSpeedZeroOptimizer(reduce_bucket_size=500000000), stage_1_and_2.py).
-constexpr double kDeepSpeedReduceBucketElements = 5e8;
 constexpr double kBytes16 = 2.0;  // bf16 / fp16 element
 
 BytesPerParameter bytes_per_parameter(Framework f) {
@@ -42,13 +40,20 @@ BytesPerParameter bytes_per_parameter(Framework f) {
     case Framework::zero_paper:
     case Framework::deepspeed:
       return {2.0, 2.0, 12.0};  // ZeRO Sec 3.1: 2 + 2 + K, K = 12
+    case Framework::fsdp:
+      // PyTorch FSDP2 with MixedPrecisionPolicy(param_dtype=bf16): the sharded parameters
+      // stay fp32 and are the optimizer's (4), their gradients fp32 (4: reduce-scattered in
+      // reduce_dtype, then accumulated into the sharded fp32 grad, _fsdp_param_group.py
+      // post_backward / foreach_reduce), Adam's m and v (8); the bf16 copy exists only
+      // while a unit is gathered (StageBuffers::zero3_gathered_bytes).
+      return {4.0, 4.0, 8.0};
   }
   return {2.0, 4.0, 12.0};
 }
 
 BytesPerParameter bytes_per_parameter(Framework f, GradDtype main_grad) {
   BytesPerParameter b = bytes_per_parameter(f);
-  b.grads = main_grad == GradDtype::fp32 ? 4.0 : 2.0;
+  if (f != Framework::fsdp) b.grads = main_grad == GradDtype::fp32 ? 4.0 : 2.0;  // FSDP2 keeps its sharded grads fp32
   return b;
 }
 
@@ -372,7 +377,9 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
     // non-layer parameters (embedding, final norm, LM head) stay gathered through the step
     // (models/plan.cpp finish_step, as FSDP's root unit).
     const double t = d(l.tp), h = d(e.model.hidden), vocab_rows = d(e.model.vocab) * h / t;
-    double units = d(std::min<int64_t>(2, layers)) * layer;
+    // DeepSpeed keeps its trailing layers gathered from their forward into their backward
+    // (models/zero3.hpp zero3_kept_layers) besides the two in flight.
+    double units = d(std::min<int64_t>(layers, 2 + zero3_kept_layers(e, stage))) * layer;
     const RankSplit holds = rank_split(e.model.layers, l, stage);
     if (holds.embedding)
       units += vocab_rows + d(embedding_parameters(e.model, tr.seq_len) - e.model.vocab * e.model.hidden);
@@ -381,7 +388,7 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
                (loss_stage_embeds(e.model) && !holds.embedding ? vocab_rows : 0.0) + d(norm_parameters(e.model)) +
                mtp_entry_parameters_per_rank(e.model, l.tp);
     }
-    out.zero3_gathered_bytes = units * bytes_per_parameter(tr.framework).params;
+    out.zero3_gathered_bytes = units * kBytes16;  // 16-bit in every framework (FSDP2's param_dtype)
   }
   if (tr.cuda_graphs == CudaGraphs::layers && layers > 0) {
     const double sl = d(tr.seq_len / l.cp), b = d(tr.micro_batch);
@@ -396,12 +403,14 @@ StageBuffers stage_buffers(const Experiment& e, int64_t stage) {
     out.quantized_weight_bytes =
         q.total() * precision_recipe(tr.precision).weight_copy_bytes() * (tr.fp8_param_gather ? 1.0 : 2.0);
   if (tr.framework == Framework::deepspeed && l.dp * l.cp > 1) {
-    const double bucket = tr.grad_bucket_bytes > 0 ? tr.grad_bucket_bytes / kBytes16 : kDeepSpeedReduceBucketElements;
+    // reduce_bucket_size elements (models/plan.hpp grad_bucket_params), in the gradients' dtype.
+    const double bucket = grad_bucket_params(l, tr);
+    const double bytes = dp_grad_bytes_per_param(tr);
     if (l.zero_stage == 0) {
-      out.grad_bucket_bytes = std::min(bucket, params) * kBytes16;
+      out.grad_bucket_bytes = std::min(bucket, params) * bytes;
     } else {
       const double buffers = (tr.overlap_grad_reduce && l.pp == 1) ? 2.0 : 1.0;
-      out.grad_bucket_bytes = buffers * bucket * kBytes16;
+      out.grad_bucket_bytes = buffers * bucket * bytes;
     }
   }
   return out;

@@ -20,6 +20,7 @@
 #include "models/pipeline_split.hpp"
 #include "models/precision.hpp"
 #include "models/schedules/schedule.hpp"
+#include "models/zero3.hpp"
 
 namespace dtsim {
 
@@ -102,6 +103,15 @@ GradSyncPolicy grad_sync_policy(const Layout& l, const Training& t) {
   return g;
 }
 
+double grad_bucket_params(const Layout& l, const Training& t) {
+  const double grad_bytes = t.main_grad == GradDtype::fp32 ? 4.0 : 2.0;
+  if (t.grad_bucket_bytes > 0) return t.grad_bucket_bytes / grad_bytes;
+  if (t.framework == Framework::deepspeed) return 5e8;  // reduce_bucket_size (zero/config.py)
+  // Megatron-Core DistributedDataParallelConfig: bucket_size = max(40,000,000,
+  // 1,000,000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
+  return std::max(40e6, 1e6 * static_cast<double>(l.dp * l.cp));
+}
+
 RingCost ring_cost(Collective c, int64_t n, double size_bytes) {
   if (n <= 1) return {};
   const double frac = static_cast<double>(n - 1) / static_cast<double>(n);
@@ -122,10 +132,6 @@ using blocks::kAct;  // bytes per bf16 activation / weight element (models/block
 // Fused Adam (apex/Megatron multi-tensor): read fp32 grad (4), read+write fp32 master,
 // m and v (24), write bf16 param (2) = 30 bytes per parameter.
 constexpr double kAdamBytesPerParam = 30.0;
-// Megatron-Core DistributedDataParallelConfig: bucket_size = max(40,000,000,
-// 1,000,000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
-constexpr double kMegatronBucketMinParams = 40e6;
-constexpr double kMegatronBucketPerDpParams = 1e6;
 
 class Builder {
  public:
@@ -159,6 +165,9 @@ class Builder {
                                                  bp.expert_weights / static_cast<double>(l_.ep * l_.expert_tp())};
     }
     stage_quantized_ = stage_quantized_weights(e_, sp_.stage);
+    z3_ = zero3_policy(e_);
+    for (int k = 0; k < blocks::kLayerKinds; ++k) gather_parts_[static_cast<size_t>(k)] = zero3_gather_parts(e_, k);
+    kept_from_ = static_cast<int>(m_.layers + m_.mtp_layers - zero3_kept_layers(e_, sp_.stage));
   }
   /// Layer `layer`'s GEMM weights on this rank that the precision recipe quantizes (zero in
   /// a BF16 layer; models/precision.hpp stage_quantized_weights).
@@ -263,6 +272,7 @@ class Builder {
   void expert_grads_ready(double params, int layer, int mb, bool sync) {
     if (!expert_active() || params <= 0) return;
     if (g_.per_layer) {
+      fsdp_before_reduce(params, layer, mb, /*dense=*/false);
       dp_handles_.push_back(issue("edp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP,
                                   Collective::ReduceScatter, GroupKind::EDP, params * shape_.grad_bytes_per_param));
       return;
@@ -291,14 +301,30 @@ class Builder {
     expert_grads_ready(p.expert, layer, mb, sync);
   }
 
+  /// FSDP2 before a unit's ReduceScatter (models/zero3.hpp): the compute stream waits for the
+  /// previous one, then copies the unsharded gradients into the send buffer (chunk_cat).
+  /// (`dense`: the layer unit's own ReduceScatter; the routed experts' over EDP, a unit of
+  /// their own, only copies.)
+  void fsdp_before_reduce(double params, int layer, int mb, bool dense) {
+    if (!z3_.copy_kernels) return;
+    if (dense && z3_.reduce_waits_previous && last_unit_reduce_ >= 0) {
+      wait(last_unit_reduce_, CommKind::DP, layer, mb, Phase::backward);
+      dp_handles_.erase(std::find(dp_handles_.begin(), dp_handles_.end(), last_unit_reduce_));
+      last_unit_reduce_ = -1;
+    }
+    compute("fsdp_grad_copy_in", Phase::backward, layer, mb, KernelKind::memory, 0,
+            fsdp_grad_copy_in_bytes(params, static_cast<double>(shape_.grad_bytes_per_param)));
+  }
   /// Called after the weight gradients of `params` elements are complete.
   void grads_ready(double params, int layer, int mb, bool sync) {
     if (!dp_active() || params <= 0) return;
     if (g_.per_layer) {
       // ZeRO-3: gradients are sharded, so each micro-batch reduce-scatters its layer's
-      // grads to their owners (DeepSpeed stage 3 / FSDP).
+      // grads to their owners (FSDP units; DeepSpeed's buckets, models/zero3.hpp).
+      fsdp_before_reduce(params, layer, mb, /*dense=*/true);
       dp_handles_.push_back(issue("dp_grad_reducescatter", Phase::backward, layer, mb, CommKind::DP,
                                   Collective::ReduceScatter, GroupKind::DPxCP, params * shape_.grad_bytes_per_param));
+      if (z3_.reduce_waits_previous) last_unit_reduce_ = dp_handles_.back();
       return;
     }
     if (!sync) return;
@@ -358,24 +384,40 @@ class Builder {
   /// ZeRO-3: gather a layer's parameters (bf16) before use; returns the handle. A MoE
   /// layer's routed experts are gathered over EDP first (their handle is waited for with the
   /// dense one's: the later of the two, issued second, completes last on the DP stream).
+  /// DeepSpeed (models/zero3.hpp) gathers module by module (Op::gather_parts) and keeps the
+  /// stage's last kept_from_.. layers gathered from their forward into their backward.
   int zero3_gather(int layer, int mb, Phase ph) {
     if (!g_.sharded_params) return -1;
+    if (ph == Phase::backward && layer >= kept_from_) return -1;
     const blocks::RankParams& p = layer_params(layer);
-    if (expert_active() && p.expert > 0)
+    const GatherParts& parts = gather_parts_[static_cast<size_t>(blocks::layer_kind(m_, layer))];
+    if (expert_active() && p.expert > 0) {
       expert_gather_[layer] = issue("edp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather,
                                     GroupKind::EDP, param_gather_bytes(e_.training, p.expert, layer_quantized(layer).expert));
+      if (expert_gather_[layer] >= 0 && parts.expert > 1) sp_.ops.back().gather_parts = parts.expert;
+    }
     if (!dp_active()) return -1;
-    return issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
-                 param_gather_bytes(e_.training, p.dense, layer_quantized(layer).dense));
+    const int h = issue("dp_param_allgather", ph, layer, mb, CommKind::DP, Collective::AllGather, GroupKind::DPxCP,
+                        param_gather_bytes(e_.training, p.dense, layer_quantized(layer).dense));
+    if (h >= 0 && parts.dense > 1) sp_.ops.back().gather_parts = parts.dense;
+    return h;
   }
   /// Waits for layer `layer`'s parameter gathers: the dense one (`handle`) and its experts'.
+  /// FSDP2 then copies the gathered flat buffer into the parameters on the compute stream
+  /// (models/zero3.hpp fsdp_copy_out_bytes).
   void wait_gather(int handle, int layer, int mb, Phase ph) {
     auto it = expert_gather_.find(layer);
+    const bool expert = it != expert_gather_.end() && it->second >= 0;
     if (it != expert_gather_.end()) {
       wait(it->second, CommKind::DP, layer, mb, ph);
       expert_gather_.erase(it);
     }
     wait(handle, CommKind::DP, layer, mb, ph);
+    if (z3_.copy_kernels && (handle >= 0 || expert)) {
+      const blocks::RankParams& p = layer_params(layer);
+      const double params = (handle >= 0 ? p.dense : 0.0) + (expert ? p.expert : 0.0);
+      compute("fsdp_param_copy_out", ph, layer, mb, KernelKind::memory, 0, fsdp_copy_out_bytes(params));
+    }
   }
 
   // ---- one model chunk (virtual stage) of this pipeline rank ----
@@ -606,6 +648,14 @@ class Builder {
   void chunk_gradients_done(int mb, bool sync) {
     const bool last_backward = ++backwards_ == backwards_total_;
     if (sync && g_.every_micro_batch && !g_.per_layer && !last_backward) flush_pending(-1, mb);
+    // DeepSpeed ZeRO-3 ends every backward with reduce_and_partition_stream.synchronize()
+    // (models/zero3.hpp): the compute stream, and the host after it, wait for every
+    // ReduceScatter (the last backward's wait before the optimizer, finish_step).
+    if (z3_.backward_end_sync && !last_backward && !dp_handles_.empty()) {
+      for (int hnd : dp_handles_) wait(hnd, CommKind::DP, -1, mb, Phase::backward);
+      dp_handles_.clear();
+      sp_.ops.back().host_sync = true;
+    }
   }
   /// Sends the open expert bucket (dense and expert buffers are separate).
   void flush_expert(int layer, int mb) { flush_expert_bucket(layer, mb); }
@@ -890,6 +940,10 @@ class Builder {
   double pending_params_ = 0;
   double pending_word_ = 0;  // bytes of the tied word embedding's own bucket, not sent yet
   std::vector<int> dp_handles_;
+  Zero3Policy z3_;                                            // models/zero3.hpp
+  std::array<GatherParts, blocks::kLayerKinds> gather_parts_{};  // per layer kind
+  int last_unit_reduce_ = -1;  // fsdp: the handle of the latest layer unit's ReduceScatter
+  int kept_from_ = 0;  // first layer kept gathered from its forward into its backward (zero3_kept_layers)
   std::set<int> gathered_;  // layers whose overlapped parameter gather was issued
   struct ChunkGather {  // aligned_param_gather: one model chunk's gather
     bool issued = false, waited = false;
@@ -939,10 +993,7 @@ StepPlan build_step_plan(const Experiment& exp) {
   // accumulate_allreduce_grads_in_fp32, Megatron-LM arguments.py), bf16 as DeepSpeed /
   // the ZeRO paper (2 bytes, ZeRO Sec 3.1).
   plan.shape.grad_bytes_per_param = exp.training.main_grad == GradDtype::fp32 ? 4 : 2;
-  plan.shape.ddp_bucket_params =
-      exp.training.grad_bucket_bytes > 0
-          ? exp.training.grad_bucket_bytes / static_cast<double>(plan.shape.grad_bytes_per_param)
-          : std::max(kMegatronBucketMinParams, kMegatronBucketPerDpParams * static_cast<double>(l.dp * l.cp));
+  plan.shape.ddp_bucket_params = grad_bucket_params(l, exp.training);
   const sched::PipelineSchedule& schedule = sched::schedule_of(l.schedule);
   const auto orders = schedule.order(sched::dims_of(l, exp.training, plan.shape.micro_batches));
   for (int64_t s = 0; s < l.pp; ++s) {

@@ -186,6 +186,10 @@ struct Op {
   /// consecutive layers from `layer` whose parameters it carries; 0 means the one layer
   /// (a whole model chunk under Megatron's aligned interleaved gathers, models/plan.cpp).
   int32_t gather_layers = 0;
+  /// Parameter gathers under a per-module ZeRO-3 (DeepSpeed, models/zero3.hpp): the op stands
+  /// for this many AllGathers back to back, of size_bytes / gather_parts each; both engines
+  /// time them so. 0 or 1: one collective.
+  int32_t gather_parts = 0;
 
   /// Host dispatch (models/host_dispatch.hpp assign_host_dispatch, after the plan is built):
   /// the host CPU seconds the rank's launching thread spends on this op before its kernels
@@ -206,7 +210,9 @@ struct Op {
   /// the tokens-per-expert counts to the host and synchronises once per MoE layer forward
   /// (moe/token_dispatcher.py MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize, at
   /// cuda_sync_point "before_ep_alltoall"), unless the routing is drop-and-pad; none in
-  /// backward (the split sizes are reused). models/host_dispatch.hpp.
+  /// backward (the split sizes are reused). models/host_dispatch.hpp. On a wait it also
+  /// waits for the awaited work (a side stream's synchronize(): DeepSpeed ZeRO-3's reduce
+  /// stream at the end of each backward, models/zero3.hpp).
   bool host_sync = false;
 
   Direction dir = Direction::forward;  // send/recv
@@ -250,7 +256,7 @@ struct StagePlan {
 ///  - sharded_optimizer (ZeRO >= 1): a rank updates only its shard, so the updated
 ///    parameters are gathered after the optimizer (or per layer ahead of use).
 ///  - sharded_params (ZeRO-3): parameters gathered per layer in forward and backward, and
-///    gradients reduce-scattered per layer (per_layer).
+///    gradients reduce-scattered per layer (per_layer; models/zero3.hpp per framework).
 /// With dp * cp == 1 there is no sync (`reduced` false) and N = 1 shards nothing.
 struct GradSyncPolicy {
   bool reduced = false;     // dp * cp > 1
@@ -264,6 +270,13 @@ struct GradSyncPolicy {
 };
 GradSyncPolicy grad_sync_policy(const Layout& l, const Training& t);
 inline GradSyncPolicy grad_sync_policy(const Experiment& e) { return grad_sync_policy(e.layout, e.training); }
+
+/// Gradient elements per DP bucket (a bucket is reduced when full): training.grad_bucket /
+/// grad bytes when given, else the framework's default: DeepSpeed's reduce_bucket_size, 5e8
+/// elements (deepspeed/runtime/zero/config.py), otherwise Megatron-Core's max(40M, 1M x DP)
+/// (megatron/core/distributed/distributed_data_parallel.py). The plan, the analytic engine
+/// and the memory model read this one rule.
+double grad_bucket_params(const Layout& l, const Training& t);
 
 /// Sizes that the plan builder derives once from an experiment.
 struct PlanShape {

@@ -177,6 +177,8 @@ std::string op_meaning(const std::string& name, const Experiment& e) {
   if (name == "dp_grad_allreduce") return "AVG of the replicas' gradients (bucketed)";
   if (name == "dp_grad_reducescatter") return "AVG of gradients, each rank keeping its 1/N shard";
   if (name == "dp_param_allgather") return "gather the updated / needed parameter shards (16-bit)";
+  if (name == "fsdp_param_copy_out") return "FSDP2 copy-out: the gathered flat buffer into the parameters";
+  if (name == "fsdp_grad_copy_in") return "FSDP2 chunk_cat: the unsharded gradients into the reduce-scatter buffer";
   return "";
 }
 
@@ -314,6 +316,9 @@ std::string convention_text(const Training& t) {
              "with 16-bit grads ZeRO-2 states = 2P + 18P/N (DeepSpeed estimate_zero2_model_states_mem_needs)";
     case Framework::zero_paper:
       return "zero-paper: 2 B params + " + g + " grads + K = 12 B optimizer, nothing else (Rajbhandari 2020 Sec 3.1, Table 1)";
+    case Framework::fsdp:
+      return "fsdp: 4 B fp32 sharded params + 4 B fp32 sharded grads + 8 B Adam m, v; bf16 copies only while a "
+             "layer is gathered (PyTorch FSDP2 MixedPrecisionPolicy(param_dtype=bf16)); reduce-scatter in " + g;
   }
   return "";
 }

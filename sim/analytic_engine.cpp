@@ -20,6 +20,7 @@
 #include "models/memory.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/schedules/schedule.hpp"
+#include "models/zero3.hpp"
 #include "sim/collectives/collective.hpp"
 #include "sim/collectives/tuner.hpp"
 
@@ -256,6 +257,9 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
     // The one-layer proxy is both the first and the last layer: its kind is timed in the
     // recipe's precision, as most of the model's layers (Shape::Layer::quantized).
     px.training.first_last_layers_bf16 = false;
+    // Without ZeRO in the proxy FSDP2 is no valid framework (it is ZeRO-3 only); the DP
+    // behaviour of every framework is timed below from models/zero3.hpp, not from the proxy.
+    if (px.training.framework == Framework::fsdp) px.training.framework = Framework::megatron;
     px.training.global_batch = mb * dp;
     px.cluster.nodes = 1;
     px.cluster.gpus_per_node = tpcp * dp;
@@ -462,6 +466,7 @@ const AnalyticEngine::Shape& AnalyticEngine::shape(const Layout& l, int64_t mb) 
             r.seg.exposed[k] += end - r.t;
             r.t = end;
           }
+          if (op.host_sync) r.h = std::max(r.h, r.t);  // a stream synchronize (Op::host_sync)
           break;
         }
         case OpType::send:
@@ -565,9 +570,10 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   auto is_first = [&](int64_t s) { return ranks[static_cast<size_t>(s)].embedding; };
   auto is_last = [&](int64_t s) { return ranks[static_cast<size_t>(s)].loss; };
   const double grad_bytes = tr.main_grad == GradDtype::fp32 ? 4.0 : 2.0;  // plan.cpp grad_bytes_per_param
-  const double bucket_params = tr.grad_bucket_bytes > 0
-                                   ? tr.grad_bucket_bytes / grad_bytes
-                                   : std::max(40e6, 1e6 * d(dpcp));  // plan.cpp Megatron-Core bucket rule
+  const double bucket_params = grad_bucket_params(l, tr);  // models/plan.hpp
+  // ZeRO-3 as the framework runs it (models/zero3.hpp): DeepSpeed's per-module gathers, kept
+  // layers and synchronised backward ends; FSDP2's copy kernels.
+  const Zero3Policy z3 = zero3_policy(l, tr);
   auto dp_ring = [&](Collective coll, double bytes) { return comm.collective(coll, dpcp, l.tp, bytes); };
 
   // Routed experts' gradients and parameters move over the expert-data-parallel group
@@ -582,6 +588,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // a MoE layer's experts over EDP besides).
   struct KindTime {
     double lf = 0, lb = 0, ag = 0, rs = 0;
+    double lb_kept = 0;  // lb of a layer DeepSpeed keeps gathered into its backward (no gather)
   };
   std::array<KindTime, blocks::kLayerKinds> kt{};
   for (int k = 0; k < blocks::kLayerKinds; ++k) {
@@ -591,12 +598,35 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     x.lf = L.f.time;
     x.lb = L.b.time;
     if (l.zero_stage == 3 && dpcp > 1) {
-      x.ag = dp_ring(Collective::AllGather, param_gather_bytes(tr, L.params.dense, L.quantized.dense)) +
-             edp_ring(Collective::AllGather, param_gather_bytes(tr, L.params.expert, L.quantized.expert));
+      // Op::gather_parts collectives of size / parts each (plan.cpp zero3_gather).
+      const GatherParts parts = zero3_gather_parts(model, l, tr, k);
+      x.ag = d(parts.dense) * dp_ring(Collective::AllGather,
+                                      param_gather_bytes(tr, L.params.dense, L.quantized.dense) / d(parts.dense)) +
+             d(parts.expert) * edp_ring(Collective::AllGather,
+                                        param_gather_bytes(tr, L.params.expert, L.quantized.expert) / d(parts.expert));
       x.rs = dp_ring(Collective::ReduceScatter, L.params.dense * grad_bytes) +
              edp_ring(Collective::ReduceScatter, L.params.expert * grad_bytes);
-      x.lf = overlap(L.f.time, x.ag, speed);
-      x.lb = overlap(L.b.time, x.ag + x.rs, speed);
+      // FSDP2's copy-out after each gather and chunk_cat before each ReduceScatter, on the
+      // compute stream (plan.cpp wait_gather, fsdp_before_reduce).
+      double copy_f = 0, copy_b = 0;
+      if (z3.copy_kernels) {
+        auto mem = [&](const char* name, double bytes) {
+          Op op;
+          op.type = OpType::compute;
+          op.name = name;
+          op.kernel = KernelKind::memory;
+          op.bytes = bytes;
+          return compute_time(op, base_).seconds;
+        };
+        copy_f = mem("fsdp_param_copy_out", fsdp_copy_out_bytes(L.params.dense)) +
+                 (L.params.expert > 0 && edp > 1 ? mem("fsdp_param_copy_out", fsdp_copy_out_bytes(L.params.expert)) : 0.0);
+        copy_b = copy_f + mem("fsdp_grad_copy_in", fsdp_grad_copy_in_bytes(L.params.dense, grad_bytes)) +
+                 (L.params.expert > 0 && edp > 1 ? mem("fsdp_grad_copy_in", fsdp_grad_copy_in_bytes(L.params.expert, grad_bytes))
+                                                 : 0.0);
+      }
+      x.lf = overlap(L.f.time + copy_f, x.ag, speed);
+      x.lb = overlap(L.b.time + copy_b, x.ag + x.rs, speed);
+      x.lb_kept = overlap(L.b.time + copy_b, x.rs, speed);
     }
   }
   // Layers of each kind per pipeline rank.
@@ -639,6 +669,8 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // of the gather of the first layer of the backward, and the embedding's ahead of the
   // next forward's first gather; the first gather of each chunk is not prefetched.
   std::vector<double> z3_edge(static_cast<size_t>(p), 0.0);
+  std::vector<double> kept_ag(static_cast<size_t>(p), 0.0);  // gathers DeepSpeed's kept layers skip in backward
+  std::vector<double> kept_lb(static_cast<size_t>(p), 0.0);  // and the backward time that saves
 
   // Per-rank forward / backward of one micro-batch (all its chunks).
   std::vector<double> F(static_cast<size_t>(p)), B(static_cast<size_t>(p));
@@ -658,6 +690,14 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     double b = stage_sum(s, [&](int k) { return K_(k).lb; }) + (last ? sh.head_b.time : 0.0) +
                (first ? sh.emb_b.time : 0.0) + recv_b * ptag;
     if (l.zero_stage == 3 && dpcp > 1) {
+      // DeepSpeed's kept layers (models/zero3.hpp zero3_kept_layers): their backward gathers nothing.
+      if (const int64_t kept = zero3_kept_layers(model, l, tr, s); kept > 0) {
+        const int64_t all = model.layers + model.mtp_layers, from = std::max<int64_t>(0, std::min(model.layers, all - kept));
+        const auto nk = blocks::layer_kind_counts(model, from, model.layers - from);
+        kept_lb[static_cast<size_t>(s)] = over(nk, [&](int k) { return K_(k).lb - K_(k).lb_kept; });
+        b -= kept_lb[static_cast<size_t>(s)];
+        kept_ag[static_cast<size_t>(s)] = over(nk, [&](int k) { return K_(k).ag; });
+      }
       const auto [emb, head] = edge_params(s);
       const double rs_emb = first ? dp_ring(Collective::ReduceScatter, emb * grad_bytes) : 0.0;
       const double rs_head = last ? dp_ring(Collective::ReduceScatter, head * grad_bytes) : 0.0;
@@ -836,17 +876,18 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     double dp_in_pipe = 0;  // part of dp_exposed already inside F and B (ZeRO-3), not added again
     if (dpcp > 1) {
       if (l.zero_stage == 3) {
-        dp_total = m_rank * stage_sum(s, [&](int k) { return 2.0 * K_(k).ag + K_(k).rs; });
-        dp_exposed = m_rank * (stage_sum(s, [&](int k) { return K_(k).lf - L_(k).f.time + K_(k).lb - L_(k).b.time; }) +
-                               z3_edge[static_cast<size_t>(s)]);
+        dp_total = m_rank * (stage_sum(s, [&](int k) { return 2.0 * K_(k).ag + K_(k).rs; }) - kept_ag[static_cast<size_t>(s)]);
+        dp_exposed = m_rank * (stage_sum(s, [&](int k) { return K_(k).lf - L_(k).f.time + K_(k).lb - L_(k).b.time; }) -
+                               kept_lb[static_cast<size_t>(s)] + z3_edge[static_cast<size_t>(s)]);
         dp_in_pipe = dp_exposed;
         // Embedding / head gradients are reduce-scattered after their backward; the last one
-        // of the step is exposed.
+        // of the step is exposed (with DeepSpeed's synchronisation after every backward, every
+        // micro-batch's: models/zero3.hpp).
         const double edge = params - layer_params;
         const double mean_layer = layers_rank > 0 ? dense_params / layers_rank : 0.0;
         const double tail = dp_ring(Collective::ReduceScatter, std::max(edge, mean_layer) * grad_bytes);
         dp_total += m_rank * dp_ring(Collective::ReduceScatter, edge * grad_bytes);
-        dp_exposed += tail;
+        dp_exposed += (z3.backward_end_sync ? m_rank : 1.0) * tail;
       } else {
         // The plan's rule (models/plan.hpp grad_sync_policy): ZeRO-2 reduce-scatters every
         // micro-batch's gradients, ZeRO-0/1 on the last one unless reduce_every_micro_batch.

@@ -25,6 +25,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -152,9 +153,10 @@ struct GroupState {
   std::vector<int64_t> members;        // ascending global ranks (ring order)
   std::vector<int64_t> present;        // members simulated by an actor
   std::unordered_map<int64_t, Instance> instances;  // seq -> in-progress instance
-  /// (collective, bytes) -> its sleeps when it moves no bytes between nodes
-  /// (collective_exec.hpp closed_form_steps), nullopt when it has flows.
-  std::map<std::pair<int, double>, std::optional<std::vector<double>>> closed_forms;
+  /// (collective, bytes, parts) -> its sleeps when it moves no bytes between nodes
+  /// (collective_exec.hpp closed_form_steps; an op of Op::gather_parts parts is that many
+  /// collectives of bytes / parts back to back), nullopt when it has flows.
+  std::map<std::tuple<int, double, int>, std::optional<std::vector<double>>> closed_forms;
 };
 
 TraceStream stream_of(CommKind k) {
@@ -272,14 +274,18 @@ GroupState& Simulation::group_of(RankState& rs, GroupKind kind) {
 const std::optional<std::vector<double>>& Simulation::closed_form_of(GroupState& g, const Op& op) {
   const bool ep_a2a = op.group == GroupKind::EP && op.collective == Collective::AllToAll;
   const collectives::CollOp cop = ep_a2a ? collectives::CollOp::AllToAll : collectives::to_op(op.collective);
-  const auto key = std::make_pair(static_cast<int>(cop), op.size_bytes);
+  const int parts = std::max(1, static_cast<int>(op.gather_parts));
+  const auto key = std::make_tuple(static_cast<int>(cop), op.size_bytes, parts);
   auto it = g.closed_forms.find(key);
   if (it != g.closed_forms.end()) return it->second;
   std::optional<std::vector<double>> steps;
   std::vector<double> out;
-  if (closed_form_steps(platform_, g.members, cop, op.size_bytes, ep_a2a && ep_choice_ ? &*ep_choice_ : nullptr,
-                        ep_a2a ? &ep_routing_ : nullptr, out))
-    steps = std::move(out);
+  if (closed_form_steps(platform_, g.members, cop, op.size_bytes / parts, ep_a2a && ep_choice_ ? &*ep_choice_ : nullptr,
+                        ep_a2a ? &ep_routing_ : nullptr, out)) {
+    std::vector<double> all;
+    for (int i = 0; i < parts; ++i) all.insert(all.end(), out.begin(), out.end());
+    steps = std::move(all);
+  }
   return g.closed_forms.emplace(key, std::move(steps)).first->second;
 }
 
@@ -330,8 +336,9 @@ double Simulation::run_collective(RankState& rs, const Op& op, int64_t seq, cons
   if (ep_a2a)
     execute_collective(platform_, fold_, g.members, collectives::CollOp::AllToAll, op.size_bytes,
                        ep_choice_ ? &*ep_choice_ : nullptr, &ep_routing_);
-  else
-    execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes);
+  else  // Op::gather_parts collectives back to back
+    for (int i = 0, parts = std::max(1, static_cast<int>(op.gather_parts)); i < parts; ++i)
+      execute_collective(platform_, fold_, g.members, op.collective, op.size_bytes / parts);
   for (auto& w : waiters) w->release();
   return *started;
 }
@@ -744,6 +751,7 @@ void Simulation::compute_actor(RankState& rs) {
       case OpType::wait:
         flush();
         wait_handle(rs, op);
+        if (op.host_sync) host = std::max(host, sg4::Engine::get_clock());  // a stream synchronize (Op::host_sync)
         break;
       case OpType::send:
         flush();

@@ -147,6 +147,7 @@ BlockParams AttentionBlock::parameters(const ModelSpec& m) const {
                kvw = static_cast<double>(m.kv_heads * m.head_dim());
   BlockParams p;
   p.sharded_weights = h * (qw + 2.0 * kvw) + qw * h;
+  p.linear_modules = 2;  // linear_qkv, linear_proj (SelfAttention)
   if (has_linear_biases(m)) {
     p.sharded_biases = qw + 2.0 * kvw;
     p.replicated_biases = h;

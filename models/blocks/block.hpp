@@ -26,6 +26,14 @@ struct BlockParams {
   double sharded_biases = 0;
   double replicated_biases = 0;
   double expert_weights = 0;
+  /// Linear modules holding the weights, as Megatron-Core builds the block (one module per
+  /// linear_* submodule: linear_qkv and linear_proj of SelfAttention, linear_fc1 and
+  /// linear_fc2 of MLP, the router, megatron/core/transformer/): the units a per-submodule
+  /// ZeRO-3 gathers one by one (models/zero3.hpp). `expert_linear_modules`: the routed
+  /// experts' modules (TEGroupedMLP linear_fc1 and linear_fc2, every local expert's weights
+  /// in each), gathered over the expert-data-parallel group.
+  int linear_modules = 0;
+  int expert_linear_modules = 0;
 };
 
 /// One tensor a block keeps from its forward for its backward (Korthikanti 2022, arXiv

@@ -68,6 +68,8 @@ BlockParams Layer::parameters(const ModelSpec& m) const {
     sum.sharded_biases += p.sharded_biases;
     sum.replicated_biases += p.replicated_biases;
     sum.expert_weights += p.expert_weights;
+    sum.linear_modules += p.linear_modules;
+    sum.expert_linear_modules += p.expert_linear_modules;
   }
   return sum;
 }

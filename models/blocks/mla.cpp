@@ -142,6 +142,9 @@ BlockParams MlaBlock::parameters(const ModelSpec& m) const {
   BlockParams p;
   p.sharded_weights = (dq > 0 ? dq : h) * n * (dn + dr) + dc * n * (dn + dv) + n * dv * h;
   p.replicated_weights = (dq > 0 ? h * dq + dq : 0.0) + h * (dc + dr) + dc;
+  // linear_q_down_proj + linear_q_up_proj (or linear_q_proj without q_lora_rank),
+  // linear_kv_down_proj, linear_kv_up_proj, linear_proj (MLASelfAttention).
+  p.linear_modules = dq > 0 ? 5 : 4;
   return p;
 }
 

@@ -9,6 +9,7 @@ BlockParams MlpBlock::parameters(const ModelSpec& m) const {
   const double in_gemms = m.activation == Activation::swiglu ? 2.0 : 1.0;  // up (+ gate)
   BlockParams p;
   p.sharded_weights = in_gemms * h * f + f * h;
+  p.linear_modules = 2;  // linear_fc1 (up and gate fused), linear_fc2
   if (has_linear_biases(m)) {
     p.sharded_biases = in_gemms * f;
     p.replicated_biases = h;

@@ -24,6 +24,8 @@ BlockParams MoeBlock::parameters(const ModelSpec& m) const {
   p.replicated_weights = E * h + (m.moe.router_expert_bias ? E : 0.0);
   p.expert_weights = E * 3.0 * h * fe;  // SwiGLU experts: up, gate h x f_e, down f_e x h
   p.sharded_weights = 3.0 * h * fs;
+  p.linear_modules = 1 + (fs > 0 ? 2 : 0);  // the router; the shared experts' linear_fc1, linear_fc2
+  p.expert_linear_modules = 2;               // TEGroupedMLP linear_fc1, linear_fc2
   return p;
 }
 

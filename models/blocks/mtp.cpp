@@ -44,6 +44,7 @@ BlockParams MtpEntryBlock::parameters(const ModelSpec& m) const {
   BlockParams p;
   p.sharded_weights = 2.0 * h * h;
   p.replicated_weights = 3.0 * h;
+  p.linear_modules = 1;  // eh_proj (MultiTokenPredictionLayer)
   return p;
 }
 

@@ -28,6 +28,7 @@
 // the serial order; so does a plan the schedule shows to deadlock, and the
 // pp-microbatch-swap injection (which takes the newest queued message: timing-dependent).
 #include "models/verify/interpreter_impl.hpp"
+#include "models/zero3.hpp"
 
 namespace dtsim::verify {
 
@@ -53,6 +54,7 @@ Interpreter::Impl::Impl(const TinyModel& model, const StepPlan& p, const VerifyO
   h = M.h;
   sp = l.sequence_parallel && t > 1;
   zero = l.zero_stage;
+  kept_from = static_cast<int>(plan.exp.model.layers + plan.exp.model.mtp_layers - zero3_kept_layers(plan.exp, 0));
   grad_bytes = static_cast<double>(plan.shape.grad_bytes_per_param);
   per_mb_reduce = grad_sync_policy(plan.exp).every_micro_batch;  // ZeRO-2/3, reduce_every_micro_batch
   if (sl * cp != S) throw InputError("verify: plan tokens_local * cp != seq_len");
@@ -708,7 +710,7 @@ void Interpreter::Impl::compute(Lane& L, Fn fn, const Op& op) {
     for (int64_t dd = 0; dd < nd; ++dd) {
       RankState& R = rep(L, dd);
       for (auto it = R.materialized_layers.begin(); it != R.materialized_layers.end();) {
-        if (*it != Ly) {
+        if (*it != Ly && *it < kept_from) {
           for (auto& p : R.params)
             if (p.layer == *it && p.z3) free_param(R, p);
           it = R.materialized_layers.erase(it);

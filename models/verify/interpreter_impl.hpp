@@ -393,6 +393,8 @@ inline const std::unordered_map<std::string_view, Fn>& fn_table() {
       // weight_quantize): they round values, which exact arithmetic does not model; the
       // verifier checks the parallel decomposition, so a cast is the identity here.
       {"quantize", Fn::cast}, {"quantize_grad", Fn::cast}, {"weight_quantize", Fn::cast},
+      // FSDP2's copies around its collectives (models/zero3.hpp): data moves, values do not.
+      {"fsdp_param_copy_out", Fn::cast}, {"fsdp_grad_copy_in", Fn::cast},
       {"tp_allreduce", Fn::chain}, {"tp_reducescatter", Fn::chain}, {"tp_allgather", Fn::chain},
       {"pp_tp_allgather", Fn::chain}, {"tp_allreduce_loss", Fn::ce_reduce}, {"tp_allreduce_loss_max", Fn::ce_reduce},
       {"tp_allgather_input", Fn::regather}, {"cp_kv_allgather", Fn::cp_kv},
@@ -508,6 +510,7 @@ struct Interpreter::Impl {
   int64_t B = 1;   // samples of a lane's micro-batch: nd x b
   bool sp = false;
   int zero = 0;
+  int kept_from = 0;  // ZeRO-3 layers from here on stay gathered into their backward (models/zero3.hpp)
   double grad_bytes = 4;
   std::vector<RankState> ranks;
   std::vector<Lane> lanes;

@@ -116,11 +116,15 @@ TEST_P(PlanBackwardSplit, InputPlusWeightIsTheFusedBackward) {
   // checked above, not the fused backward.
   if (sched::schedule_of(e.layout.schedule).splits_backward()) return;
   // The fused backward is what the plan runs: layer 0's backward of micro-batch 0 on stage
-  // 0, less the DP (ZeRO) ops the stage loop puts around it.
+  // 0, less the DP (ZeRO) ops the stage loop puts around it, FSDP2's copies among them
+  // (models/zero3.hpp).
   const StepPlan plan = build_step_plan(e);
   std::vector<OpKey> in_plan, fused;
+  auto zero3_copy = [](const Op& op) {
+    return std::string(op.name) == "fsdp_param_copy_out" || std::string(op.name) == "fsdp_grad_copy_in";
+  };
   for (const auto& op : plan.stages[0].ops)
-    if (op.phase == Phase::backward && op.layer == 0 && op.micro_batch == 0 && op.kind != CommKind::DP)
+    if (op.phase == Phase::backward && op.layer == 0 && op.micro_batch == 0 && op.kind != CommKind::DP && !zero3_copy(op))
       in_plan.push_back(key_of(op));
   for (const auto& op : full.layer)
     if (op.kind != CommKind::DP) fused.push_back(key_of(op));

@@ -409,7 +409,7 @@ TEST(ExperimentIoValue, EnumsListChoices) {
   expect_problem({"layout.recompute=some"},
                  "exp.yaml: layout.recompute=\"some\" is not one of none, selective, full");
   expect_problem({"training.framework=jax"},
-                 "exp.yaml: training.framework=\"jax\" is not one of megatron, deepspeed, zero-paper");
+                 "exp.yaml: training.framework=\"jax\" is not one of megatron, deepspeed, zero-paper, fsdp");
 }
 
 TEST(ExperimentIoValue, QuantityWithoutRateIsNotABandwidth) {
@@ -541,7 +541,7 @@ TEST(ExperimentIoUnknownKey, LayoutTrainingPublished) {
                      "micro_batch, precision, dtype, fp8_param_gather, first_last_layers_bf16, "
                      "num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, flash_attention, overlap_grad_reduce, "
                      "framework, main_grad, "
-                     "grad_bucket, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
+                     "grad_bucket, stage3_max_reuse_distance, stage3_max_live_parameters, overlap_param_gather, tp_comm_overlap, reduce_every_micro_batch, comm_interference, "
                      "overlap_p2p, moe_token_dispatcher, moe_deepep_num_sms, moe_hybridep_num_sms, "
                      "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap, cuda_graphs)");
   }

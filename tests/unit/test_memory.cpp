@@ -25,6 +25,7 @@
 #include "models/errors.hpp"
 #include "models/flops.hpp"
 #include "models/memory.hpp"
+#include "models/zero3.hpp"
 
 namespace dtsim {
 namespace {
@@ -379,10 +380,12 @@ TEST(MemoryStage, Zero3GatheredLayersAndCpShortensSequence) {
   const ActivationBreakdown act = stage_activations(e, 0);
   EXPECT_DOUBLE_EQ(act.layers_bytes, 8 * layer_activation_bytes(m, 2048, 1, 4096, 1, false, Recompute::none, true));
   EXPECT_DOUBLE_EQ(act.output_bytes, 4.0 * 2048 * 1024 + 4.0 * 2048 * 51200);
-  // DeepSpeed: same states, plus the fp32 gradient partition as a transient and two 5e8-element
-  // 16-bit ipg buckets (overlap_grad_reduce on, pp == 1).
+  // DeepSpeed: same states, plus the fp32 gradient partition as a transient, two 5e8-element
+  // 16-bit ipg buckets (overlap_grad_reduce on, pp == 1), and every layer of this small model
+  // kept gathered from its forward into its backward (models/zero3.hpp zero3_kept_layers).
   e.training.framework = Framework::deepspeed;
-  EXPECT_DOUBLE_EQ(stage_memory(e, 0).other_bytes, mb.other_bytes + 4.0 * p / 8 + 2 * 5e8 * 2);
+  ASSERT_EQ(zero3_kept_layers(e, 0), 8);
+  EXPECT_DOUBLE_EQ(stage_memory(e, 0).other_bytes, mb.other_bytes + 4.0 * p / 8 + 2 * 5e8 * 2 + 2.0 * 6.0 * layer);
 }
 
 TEST(MemoryStage, RecomputeShrinksActivations) {
@@ -520,6 +523,7 @@ TEST(MemoryStage, GradientBuckets) {
   EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 0.0);
   // DeepSpeed: 5e8-element 16-bit ipg buckets, double-buffered with overlap (pp == 1).
   e.training.framework = Framework::deepspeed;
+  e.training.main_grad = GradDtype::bf16;  // experiment_io's default for DeepSpeed
   EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 2 * 5e8 * 2);
   e.training.overlap_grad_reduce = false;
   EXPECT_DOUBLE_EQ(stage_buffers(e, 0).grad_bucket_bytes, 5e8 * 2);

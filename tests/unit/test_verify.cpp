@@ -73,8 +73,9 @@ Experiment make(const Case& c) {
   l.cp = c.cp;
   l.pp = c.pp;
   l.zero_stage = c.zero;
-  // Megatron has no ZeRO-2 (validation refuses it): DeepSpeed's, fp32 gradients kept.
-  if (c.zero == 2) e.training.framework = Framework::deepspeed;
+  // Megatron has no ZeRO-2 and DeepSpeed none with pipeline parallelism (validation refuses
+  // both): the ZeRO paper's, which has either, fp32 gradients kept.
+  if (c.zero == 2) e.training.framework = c.pp > 1 ? Framework::zero_paper : Framework::deepspeed;
   l.sequence_parallel = c.sp;
   l.recompute = c.recompute;
   l.schedule = c.schedule;

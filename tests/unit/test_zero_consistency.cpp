@@ -32,6 +32,7 @@
 #include "models/plan.hpp"
 #include "models/schedules/schedule.hpp"
 #include "models/sweep_spec.hpp"
+#include "models/zero3.hpp"
 #include "sim/sweep/sweep.hpp"
 #include "tests/unit/shipped_files.hpp"
 
@@ -159,10 +160,13 @@ void check(const Experiment& e, const std::string& what, Tally& tally) {
     EXPECT_TRUE(params_sharded || near(mb.params_bytes, params * bpp.params));
     // The stage's layers, and on the rank holding the loss its MTP depths' layers.
     const int64_t gathered = st.layers + (rank_split(e.model.layers, l, static_cast<int64_t>(s)).loss ? e.model.mtp_layers : 0);
+    // DeepSpeed keeps its last layers gathered from their forward into their backward
+    // (models/zero3.hpp zero3_kept_layers): the backward gathers the others.
+    const int64_t kept = zero3_kept_layers(e, static_cast<int64_t>(s));
     const bool gathers_every_mb =
         gathered > 0 &&
         std::all_of(c.fwd_gathers.begin(), c.fwd_gathers.end(), [&](int k) { return k == gathered; }) &&
-        std::all_of(c.bwd_gathers.begin(), c.bwd_gathers.end(), [&](int k) { return k == gathered; });
+        std::all_of(c.bwd_gathers.begin(), c.bwd_gathers.end(), [&](int k) { return k == gathered - kept; });
     EXPECT_EQ(params_sharded, gathers_every_mb)
         << "parameter sharding in memory vs per-layer gathers in every micro-batch's forward and backward";
   }
@@ -180,6 +184,23 @@ void check_stages(Experiment e, const std::string& what, Tally& tally, std::vect
         ADD_FAILURE() << w << ": a B/W-split schedule with ZeRO-3 should be refused";
       } catch (const InputError& err) {
         EXPECT_NE(std::string(err.what()).find("layout.zero_stage=3"), std::string::npos) << err.what();
+      }
+      continue;
+    }
+    if (z != 3 && e.training.framework == Framework::fsdp) {
+      // FSDP2 (fully_shard, reshard_after_forward) is ZeRO-3 only (models/experiment_io.cpp).
+      EXPECT_THROW(validate_experiment(e), InputError) << w;
+      continue;
+    }
+    if (z >= 2 && e.training.framework == Framework::deepspeed && e.layout.pp > 1) {
+      // DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (models/experiment_io.cpp).
+      try {
+        validate_experiment(e);
+        ADD_FAILURE() << w << ": DeepSpeed ZeRO-2/3 with pipeline parallelism should be refused";
+      } catch (const InputError& err) {
+        const std::string msg = err.what();
+        EXPECT_NE(msg.find("layout.pp"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("training.framework=deepspeed"), std::string::npos) << msg;
       }
       continue;
     }
