@@ -119,7 +119,7 @@ const std::map<std::string, FlagDef>& flag_table() {
       {"--sequence-parallel", {Kind::mapped, 0, "MP sequence_parallel"}},
       {"--use-distributed-optimizer", {Kind::mapped, 0, "A --use-distributed-optimizer (zero_stage 1)"}},
       {"--use-megatron-fsdp", {Kind::mapped, 0, "A --use-megatron-fsdp with --data-parallel-sharding-strategy"}},
-      {"--use-torch-fsdp2", {Kind::mapped, 0, "A --use-torch-fsdp2 (full sharding: zero_stage 3)"}},
+      {"--use-torch-fsdp2", {Kind::mapped, 0, "A --use-torch-fsdp2 (PyTorch FSDP2 fully_shard per TransformerLayer, embedding and output layer: framework fsdp, zero_stage 3; megatron/core/distributed/torch_fully_sharded_data_parallel.py)"}},
       {"--data-parallel-sharding-strategy", {Kind::mapped, 1, "A --data-parallel-sharding-strategy (optim_grads_params)"}},
       {"--recompute-granularity", {Kind::mapped, 1, "TC recompute_granularity"}},
       {"--recompute-method", {Kind::mapped, 1, "TC recompute_method"}},
@@ -612,9 +612,11 @@ std::vector<std::string> megatron_args(const Experiment& e, MegatronScope scope,
   if (l.ep > 1) val("--expert-model-parallel-size", num(l.ep));
   if (l.etp > 0 && (l.etp != l.tp || l.ep > 1)) val("--expert-tensor-parallel-size", num(l.etp));
   if (l.sequence_parallel) sw("--sequence-parallel");
-  if (t.framework != Framework::megatron)
+  if (t.framework != Framework::megatron && t.framework != Framework::fsdp)
     miss(std::string("training.framework ") + to_string(t.framework) + ": the flags launch Megatron-LM's own accounting");
-  if (l.zero_stage == 1) {
+  if (t.framework == Framework::fsdp) {
+    sw("--use-torch-fsdp2");  // framework fsdp is ZeRO-3 only (models/zero3.hpp)
+  } else if (l.zero_stage == 1) {
     sw("--use-distributed-optimizer");
   } else if (l.zero_stage >= 2) {
     sw("--use-megatron-fsdp");
@@ -1046,7 +1048,10 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   training["overlap_grad_reduce"] = r.has("--overlap-grad-reduce");
   training["overlap_param_gather"] = r.has("--overlap-param-gather");
   training["tp_comm_overlap"] = r.has("--tp-comm-overlap");
-  training["framework"] = "megatron";
+  // Megatron's --use-torch-fsdp2 wraps each TransformerLayer, the embedding and the output
+  // layer in PyTorch FSDP2's fully_shard (torch_fully_sharded_data_parallel.py): fsdp, ZeRO-3.
+  training["framework"] = r.has("--use-torch-fsdp2") ? "fsdp" : "megatron";
+  if (r.has("--use-torch-fsdp2")) layout["zero_stage"] = 3;
   const bool bf16_grads = r.has("--grad-reduce-in-bf16");
   if (bf16_grads && r.has("--accumulate-allreduce-grads-in-fp32"))
     r.problem("--grad-reduce-in-bf16 with --accumulate-allreduce-grads-in-fp32: contradictory");

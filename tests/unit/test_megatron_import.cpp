@@ -234,7 +234,9 @@ INSTANTIATE_TEST_SUITE_P(Shipped, MegatronRoundTrip,
                                            "validation/megatron-core-h100-gpt-1.7b.yaml",
                                            "validation/nemo-llama2-7b-fp8-32k-cp2.yaml",
                                            "moe/mixtral-8x7b-h100.yaml", "moe/deepseek-v3-h100.yaml",
-                                           "moe/qwen3-30b-a3b-h100.yaml"));
+                                           "moe/qwen3-30b-a3b-h100.yaml",
+                                           // --use-torch-fsdp2: framework fsdp (models/zero3.hpp)
+                                           "examples/llama3-8b-fsdp2-h100.yaml"));
 
 // Every precision recipe and its options survive export and import (models/precision.hpp
 // PrecisionRecipe::megatron is what export prints). nvfp4 and mxfp8 need a Blackwell GPU.
