@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -200,18 +201,59 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     if (opts.on_flush) opts.on_flush(written);
   };
 
-  // 1. Analytic pass, in id order, on this thread alone: the engines are not thread-safe, and
-  // the SimGrid pass below forks only while this process has one thread
-  // (sim/child_process.hpp).
+  // 1. Analytic pass. The points still to evaluate are split in two halves by id: this
+  // thread evaluates the first and journals it as it goes; for more than one block of 256
+  // points on a machine with several CPUs, a helper thread with its own Evaluator (an engine
+  // caches: one per thread) evaluates the second meanwhile, journaled here in id order once
+  // the first is done. A row depends on its point alone, so rows and journal are what one
+  // thread writes. The helper is joined before anything forks (the SimGrid pass below forks
+  // only while this process has one thread, sim/child_process.hpp), also when this thread
+  // throws.
   Evaluator ev(spec);
+  std::vector<size_t> pending;  // positions in `points` to evaluate, ascending
+  for (size_t i = 0; i < points.size(); ++i)
+    if (!have[i]) pending.push_back(i);
+  constexpr size_t kBlock = 256;
+  const size_t mine = pending.size() > kBlock && std::thread::hardware_concurrency() > 1 ? pending.size() / 2
+                                                                                         : pending.size();
+  auto evaluate = [&](Evaluator& e, size_t i) {
+    analytic[i] = e.analytic(*points[i]);
+    append_csv_line(analytic_csv[i], analytic[i]);
+  };
+  std::atomic<bool> stop{false};
+  std::exception_ptr helper_error;
+  std::thread helper;
+  struct Join {
+    std::thread& t;
+    std::atomic<bool>& stop;
+    ~Join() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join{helper, stop};
+  if (mine < pending.size()) {
+    helper = std::thread([&] {
+      try {
+        Evaluator hev(spec);
+        for (size_t k = mine; k < pending.size() && !stop.load(std::memory_order_relaxed); ++k) evaluate(hev, pending[k]);
+      } catch (...) {
+        helper_error = std::current_exception();
+      }
+    });
+  }
   bar.start("layouts (analytic)", static_cast<int64_t>(points.size()));
   int64_t done = 0;
   double last_flush = now_s();
+  size_t k = 0;  // position in `pending`
   for (size_t i = 0; i < points.size(); ++i) {
     bar.update(++done);
     if (have[i]) continue;
-    analytic[i] = ev.analytic(*points[i]);
-    append_csv_line(analytic_csv[i], analytic[i]);
+    if (k == mine && helper.joinable()) {  // the helper's half: wait for it
+      helper.join();
+      if (helper_error) std::rethrow_exception(helper_error);
+    }
+    if (k < mine) evaluate(ev, i);
+    ++k;
     journal.add(analytic[i], analytic_csv[i]);
     have[i] = 1;
     ++written;
