@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <iostream>
 #include <ostream>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -389,11 +391,15 @@ std::vector<SweepRow> final_ranking(const Outcome& o, RankBy by, std::vector<dou
 
 namespace {
 
+/// Pieces of an output file are handed to the writer at about this size (a large output is
+/// never held whole: fewer fresh pages to fault in and free).
+constexpr size_t kOutputChunk = size_t{1} << 20;
+
 /// sweep.json: what the nlohmann document {title, spec, fingerprint, rank_by, points,
-/// counts, clusters, best, ranked, rows} dumped with indent 1 writes, streamed (keys in
-/// nlohmann's order, sorted; row objects by append_row_json).
-std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& all,
-                       const std::vector<const SweepRow*>& ranked) {
+/// counts, clusters, best, ranked, rows} dumped with indent 1 writes, streamed to `put` in
+/// pieces (keys in nlohmann's order, sorted; row objects by append_row_json).
+void sweep_json(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& all,
+                const std::vector<const SweepRow*>& ranked, const std::function<void(std::string_view)>& put) {
   int64_t ok = 0, invalid = 0, oom = 0;
   for (const auto& r : o.analytic) {
     if (r.status == "ok") ++ok;
@@ -401,7 +407,7 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
     else ++invalid;
   }
   std::string s;
-  s.reserve(1024 + (all.size() + std::min<size_t>(ranked.size(), 100) + 1) * 1200);
+  s.reserve(kOutputChunk + 64 * 1024);
   auto key = [&](int indent, const char* k) {
     s.append(static_cast<size_t>(indent), ' ');
     s += '"';
@@ -420,6 +426,10 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
       s += "  ";
       append_row_json(s, row_at(i), 2);
       s += i + 1 < n ? ",\n" : "\n";
+      if (s.size() >= kOutputChunk) {
+        put(s);
+        s.clear();
+      }
     }
     s += " ]";
   };
@@ -495,7 +505,7 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
   key(1, "title");
   append_json_string(s, spec.title);
   s += "\n}\n";
-  return s;
+  put(s);
 }
 
 }  // namespace
@@ -532,7 +542,9 @@ void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& d
   std::exception_ptr json_error;
   std::thread json_writer([&] {
     try {
-      write_file_atomic(dir + "/sweep.json", sweep_json(spec, o, all, ranked));
+      write_file_atomic_streamed(dir + "/sweep.json", [&](const std::function<void(std::string_view)>& put) {
+        sweep_json(spec, o, all, ranked, put);
+      });
     } catch (...) {
       json_error = std::current_exception();
     }
@@ -544,25 +556,35 @@ void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& d
     }
   } join{json_writer};
 
-  {
+  write_file_atomic_streamed(dir + "/results.csv", [&](const std::function<void(std::string_view)>& put) {
     std::string csv = sweep_csv_header();
-    csv.reserve(csv.size() + all.size() * 400);
-    for (const SweepRow* r : all) append_line(csv, r);
-    write_file_atomic(dir + "/results.csv", csv);
-  }
+    csv.reserve(kOutputChunk + 64 * 1024);
+    for (const SweepRow* r : all) {
+      append_line(csv, r);
+      if (csv.size() >= kOutputChunk) {
+        put(csv);
+        csv.clear();
+      }
+    }
+    put(csv);
+  });
 
-  {
+  write_file_atomic_streamed(dir + "/ranked.csv", [&](const std::function<void(std::string_view)>& put) {
     std::string rcsv = "rank,analytic_step_time_s," + sweep_csv_header();
-    rcsv.reserve(rcsv.size() + ranked.size() * 420);
+    rcsv.reserve(kOutputChunk + 64 * 1024);
     for (size_t i = 0; i < ranked.size(); ++i) {
       rcsv += std::to_string(i + 1);
       rcsv += ',';
       append_csv_number(rcsv, an_step[i]);
       rcsv += ',';
       append_line(rcsv, ranked[i]);
+      if (rcsv.size() >= kOutputChunk) {
+        put(rcsv);
+        rcsv.clear();
+      }
     }
-    write_file_atomic(dir + "/ranked.csv", rcsv);
-  }
+    put(rcsv);
+  });
 
   const ReportData rep = sweep_report(spec, o, ranked, an_step);
   write_file_atomic(dir + "/report.html", render_html(rep));
