@@ -224,6 +224,7 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   };
   std::atomic<bool> stop{false};
   std::exception_ptr helper_error;
+  size_t helper_failed_at = pending.size();  // position in `pending` of the helper's exception
   std::thread helper;
   struct Join {
     std::thread& t;
@@ -237,7 +238,11 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     helper = std::thread([&] {
       try {
         Evaluator hev(spec);
-        for (size_t k = mine; k < pending.size() && !stop.load(std::memory_order_relaxed); ++k) evaluate(hev, pending[k]);
+        for (size_t k = mine; k < pending.size() && !stop.load(std::memory_order_relaxed); ++k) {
+          helper_failed_at = k;
+          evaluate(hev, pending[k]);
+        }
+        helper_failed_at = pending.size();
       } catch (...) {
         helper_error = std::current_exception();
       }
@@ -250,10 +255,10 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   for (size_t i = 0; i < points.size(); ++i) {
     bar.update(++done);
     if (have[i]) continue;
-    if (k == mine && helper.joinable()) {  // the helper's half: wait for it
-      helper.join();
-      if (helper_error) std::rethrow_exception(helper_error);
-    }
+    if (k == mine && helper.joinable()) helper.join();  // the helper's half: wait for it
+    // Its rows before an exception are journaled, then the exception goes on (as when one
+    // thread evaluates every point).
+    if (k >= mine && helper_error && k == helper_failed_at) std::rethrow_exception(helper_error);
     if (k < mine) evaluate(ev, i);
     ++k;
     journal.add(analytic[i], analytic_csv[i]);
