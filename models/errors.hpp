@@ -29,6 +29,8 @@ class ProblemList {
   /// Adds "FILE: message".
   void add(const std::string& message);
   bool empty() const noexcept { return problems_.empty(); }
+  /// The problems collected so far, one line each ("FILE: message"), in order.
+  const std::vector<std::string>& problems() const noexcept { return problems_; }
   /// Throws InputError with every collected problem; does nothing when empty.
   void throw_if_any() const;
   /// Forgets the problems whose line ("FILE: message") contains `part`.

@@ -1091,7 +1091,7 @@ std::string fmt_double(double v) {
 // arithmetic, before any work starts. A key above its limit goes into `too_big`, so that
 // no later check multiplies it.
 template <class Ok>
-void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::set<std::string>& too_big) {
+void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::set<std::string, std::less<>>& too_big) {
   using checked::with_commas;
   const ModelSpec& m = e.model;
   const ClusterSpec& c = e.cluster;
@@ -1183,12 +1183,14 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   const Layout& l = e.layout;
   const Training& t = e.training;
   auto s = [](auto v) { return std::to_string(v); };
-  std::set<std::string> too_big;  // keys above their stated limit: the checks that multiply them are skipped
+  // Keys above their stated limit: the checks that multiply them are skipped.
+  std::set<std::string, std::less<>> too_big;
   auto ok = [&](std::initializer_list<std::string_view> keys) {
+    if (bad.empty() && too_big.empty()) return true;  // the usual case (validate_experiment, a sweep's layouts)
     for (std::string_view k : keys) {
       for (const auto& b : bad)
         if (k == b || (k.size() > b.size() && k.substr(0, b.size()) == b && k[b.size()] == '.')) return false;
-      if (too_big.count(std::string(k))) return false;
+      if (too_big.count(k)) return false;
     }
     return true;
   };
@@ -1379,8 +1381,9 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     p.add("cluster.collectives.algorithm=nvls needs an NVLink domain of at least 2 GPUs (cluster.gpus_per_node=" +
           s(c.gpus_per_node) + ")");
 
-  auto fraction = [&](const std::string& key, double v) {
-    if (ok({key}) && !(v > 0 && v <= 1)) p.add(key + "=" + fmt_double(v) + " must be in (0, 1]");
+  // Keys as string_view: no string is made unless there is a problem to report.
+  auto fraction = [&](std::string_view key, double v) {
+    if (!(v > 0 && v <= 1) && ok({key})) p.add(std::string(key) + "=" + fmt_double(v) + " must be in (0, 1]");
   };
   if (ok({"cluster.gpu.sustained_ratio"}) && !(c.gpu.sustained_ratio > 0 && c.gpu.sustained_ratio <= 1))
     p.add("cluster.gpu.sustained_ratio=" + fmt_double(c.gpu.sustained_ratio) +
@@ -1390,11 +1393,11 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
           " must be in [0, 1] (0: use gemm_efficiency)");
   if (ok({"cluster.gpu.sm_count"}) && c.gpu.sm_count < 0)
     p.add("cluster.gpu.sm_count=" + std::to_string(c.gpu.sm_count) + " must be >= 0 (0: no SM accounting)");
-  auto positive = [&](const std::string& key, double v, const char* unit) {
-    if (ok({key}) && !(v > 0)) p.add(key + "=" + fmt_double(v) + " " + unit + " must be > 0");
+  auto positive = [&](std::string_view key, double v, const char* unit) {
+    if (!(v > 0) && ok({key})) p.add(std::string(key) + "=" + fmt_double(v) + " " + unit + " must be > 0");
   };
-  auto non_negative = [&](const std::string& key, double v, const char* unit) {
-    if (ok({key}) && !(v >= 0)) p.add(key + "=" + fmt_double(v) + " " + unit + " must be >= 0");
+  auto non_negative = [&](std::string_view key, double v, const char* unit) {
+    if (!(v >= 0) && ok({key})) p.add(std::string(key) + "=" + fmt_double(v) + " " + unit + " must be >= 0");
   };
   positive("cluster.gpu.peak_bf16", c.gpu.peak_bf16_flops, "FLOP/s");
   non_negative("cluster.gpu.peak_fp8", c.gpu.peak_fp8_flops, "FLOP/s");
@@ -1447,6 +1450,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   for (MemoryQuantity mq : kMemoryQuantities) {
     const char* key = to_string(mq);
     const Published::MemoryPoint* point = &e.published.memory[static_cast<size_t>(mq)];
+    if (point->stage >= 0 && point->bytes >= 0) continue;  // neither check below can fail
     // The stage is checked against layout.pp by `dtsim validate` (sim/validate.cpp), which
     // compares the experiment as written; sweeps and overrides may change its layout.
     const std::string k = std::string("published.memory.") + key;
@@ -1579,6 +1583,12 @@ void validate_experiment(const Experiment& e) {
   ProblemList p(e.source);
   check_experiment(e, p, {});
   p.throw_if_any();
+}
+
+std::vector<std::string> experiment_problems(const Experiment& e) {
+  ProblemList p(e.source);
+  check_experiment(e, p, {});
+  return p.problems();
 }
 
 // ---------------------------------------------------------------------------------------

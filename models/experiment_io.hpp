@@ -28,4 +28,9 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& sou
 /// InputError with every violation.
 void validate_experiment(const Experiment& e);
 
+/// The problems validate_experiment would throw (the same lines, "FILE: message", in the same
+/// order); empty when the experiment is valid. For callers that expect many invalid
+/// experiments (dtsim sweep, one per layout of a space) without an exception for each.
+std::vector<std::string> experiment_problems(const Experiment& e);
+
 }  // namespace dtsim

@@ -309,7 +309,12 @@ double stage_parameters_per_rank(const ModelSpec& m, const Layout& l, int64_t se
   // where a chunk holds it, the final norm and LM head where a chunk holds the loss.
   const RankSplit rs = checked_rank_split(m, l, stage);
   const double t = d(l.tp);
-  double n = stage_layer_parameters_per_rank(m, l, stage).total();
+  // stage_layer_parameters_per_rank(m, l, stage).total(); its every-layer-alike case from
+  // the split above (the same product, without splitting the rank's layers again).
+  double n = !m.moe.enabled() && m.attention.window <= 0
+                 ? blocks::RankParams{d(rs.layers + mtp_layers_on(m, rs)) * layer_parameters_per_tp_rank(m, l.tp), 0.0}
+                       .total()
+                 : stage_layer_parameters_per_rank(m, l, stage).total();
   const double word_embedding = d(m.vocab) * d(m.hidden) / t;  // vocab-parallel
   if (rs.embedding) {
     // Word embedding sharded over the vocabulary; learned positions replicated over TP.

@@ -354,8 +354,12 @@ RankSplit rank_split(int64_t layers, const Layout& l, int64_t rank) {
   const std::vector<VirtualStage> split =
       l.pipeline_layout.empty() ? std::vector<VirtualStage>{} : layout_split(layers, l);
   RankSplit out;
-  for (int64_t c = 0; c < chunks_of(l); ++c) {
-    const int64_t k = virtual_stage_of(l, rank, c);
+  // virtual_stage_of's placement, its range checks met here (rank above, chunk by the loop).
+  const sched::PipelineSchedule& sch = sched::schedule_of(l.schedule);
+  const sched::Dims dims{l.pp, l.vp, 1};
+  const int64_t chunks = sch.chunks(dims);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t k = sch.virtual_stage(dims, rank, c);
     const VirtualStage vs = split.empty() ? option_stage(layers, l, k) : split[static_cast<size_t>(k)];
     out.layers += vs.layers;
     out.embedding = out.embedding || vs.embedding;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <stdexcept>
 #include <vector>
@@ -83,8 +84,9 @@ class TempFile {
   std::string name_;
 };
 
-/// Writes `content` over `path` (a regular file or a new name) by temporary file + rename.
-void replace_atomically(const std::string& shown, const std::string& path, const std::string& content) {
+/// Writes what `fill` puts over `path` (a regular file or a new name) by temporary file + rename.
+void replace_atomically(const std::string& shown, const std::string& path,
+                        const std::function<void(const std::function<void(std::string_view)>&)>& fill) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   // mkstemp needs a writable, NUL-terminated template.
@@ -111,17 +113,19 @@ void replace_atomically(const std::string& shown, const std::string& path, const
   }
   ::fchmod(tmp.fd(), mode);
 
-  const char* p = content.data();
-  size_t left = content.size();
-  while (left > 0) {
-    ssize_t n = ::write(tmp.fd(), p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail(shown, "write failed", errno);
+  fill([&](std::string_view piece) {
+    const char* p = piece.data();
+    size_t left = piece.size();
+    while (left > 0) {
+      ssize_t n = ::write(tmp.fd(), p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(shown, "write failed", errno);
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
     }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
+  });
   if (::fsync(tmp.fd()) != 0) fail(shown, "fsync failed", errno);
   if (int err = tmp.close(); err != 0) fail(shown, "close failed", err);
   if (::rename(tmp.name().c_str(), path.c_str()) != 0) fail(shown, "rename failed", errno);
@@ -133,6 +137,18 @@ void replace_atomically(const std::string& shown, const std::string& path, const
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+/// The missing parent directories of a new output file `t` (`shown` names it in errors).
+void create_parents(const OutputTarget& t, const std::string& shown) {
+  if (t.exists) return;
+  const fs::path dir = fs::path(t.path).parent_path();
+  if (dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec && !fs::is_directory(dir))
+    throw std::runtime_error("cannot write " + shown + ": cannot create the directory " + dir.string() + ": " +
+                             ec.message());
 }
 
 }  // namespace
@@ -185,20 +201,18 @@ void write_output_file(const std::string& path, const std::string& content, cons
     if (!std::cout) throw std::runtime_error("cannot write " + named(flag, "-") + ": standard output failed");
     return;
   }
-  if (!t.exists) {
-    const fs::path dir = fs::path(t.path).parent_path();
-    if (!dir.empty()) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (ec && !fs::is_directory(dir))
-        throw std::runtime_error("cannot write " + named(flag, path) + ": cannot create the directory " +
-                                 dir.string() + ": " + ec.message());
-    }
-  }
-  replace_atomically(named(flag, path), t.path, content);
+  create_parents(t, named(flag, path));
+  replace_atomically(named(flag, path), t.path, [&](const std::function<void(std::string_view)>& put) { put(content); });
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) { write_output_file(path, content); }
+
+void write_file_atomic_streamed(const std::string& path,
+                                const std::function<void(const std::function<void(std::string_view)>& put)>& fill) {
+  const OutputTarget t = check_output_file(path);  // as write_file_atomic: no flag, no "-"
+  create_parents(t, path);
+  replace_atomically(path, t.path, fill);
+}
 
 void prepare_output_dir(const std::string& dir, const std::string& flag) {
   if (dir.empty()) throw InputError(flag + ": empty directory name");

@@ -16,7 +16,9 @@
 // Refusals throw InputError "FLAG PATH: ..." (exit code 2, like other bad paths on the
 // command line); failures of the write itself (disk full, permissions) throw
 // std::runtime_error naming the path (exit code 1).
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace dtsim {
 
@@ -41,6 +43,13 @@ void write_output_file(const std::string& path, const std::string& content, cons
 /// temporary file in the target's directory, flushed to disk (fsync) and renamed over it;
 /// either the old file (or none) or the complete new file exists at every moment.
 void write_file_atomic(const std::string& path, const std::string& content);
+
+/// write_file_atomic for content made in pieces: `fill` is called once with `put`, which
+/// writes each piece to the temporary file as it comes (so a large output need not be held
+/// whole in memory); the file is then flushed and renamed over `path` as above. An exception
+/// from `fill` leaves `path` as it was.
+void write_file_atomic_streamed(const std::string& path,
+                                const std::function<void(const std::function<void(std::string_view)>& put)>& fill);
 
 /// The rule for an output directory (-o DIR): "-" is refused; an existing path must be a
 /// directory (a symlink to one is followed); a missing one is created with its parents.

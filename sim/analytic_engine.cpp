@@ -2,6 +2,7 @@
 #include "sim/analytic_engine.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -110,7 +111,9 @@ class AnalyticEngine::Comm {
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      size_t h = std::hash<double>()(k.size);
+      // The size's bits (collective() keeps only size > 0: no -0.0 to equal 0.0), mixed.
+      size_t h = std::bit_cast<uint64_t>(k.size) * 0x9e3779b97f4a7c15ULL;
+      h ^= h >> 29;
       h ^= std::hash<int64_t>()(k.n * 1000003 + k.stride) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
       return h ^ static_cast<size_t>(k.c);
     }
@@ -548,7 +551,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // Pipeline receives of one micro-batch on rank s, forward and backward: one per chunk
   // whose previous / next virtual stage sits on another rank (the schedule's placement; a
   // V turn is local). Interleaving: v - 1 on the first rank, v elsewhere, as Megatron.
-  auto remote_recvs = [&](int64_t s) {
+  auto remote_recvs_of = [&](int64_t s) {
     const sched::Dims dd = sched::dims_of(l, tr, m);
     double rf = 0, rb = 0;
     for (int64_t c = 0; c < sch.chunks(dd); ++c) {
@@ -559,6 +562,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
       rb += nx.valid() && nx.rank != s ? 1.0 : 0.0;
     }
     return std::pair<double, double>{rf, rb};
+  };
+  // Each rank's, worked out once (the forward / backward pass and the stage accounting ask).
+  std::vector<std::optional<std::pair<double, double>>> recvs_memo(static_cast<size_t>(std::max<int64_t>(p, 0)));
+  auto remote_recvs = [&](int64_t s) {
+    auto& r = recvs_memo[static_cast<size_t>(s)];
+    if (!r) r = remote_recvs_of(s);
+    return *r;
   };
   const int64_t stage_size = l.tp * l.cp * l.dp;
   const int64_t dpcp = l.dp * l.cp;
@@ -648,6 +658,13 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
     return n > 0 ? stage_sum(s, fn) / n : 0.0;
   };
   auto layer_params_of = [&](int64_t s) { return stage_sum(s, [&](int k) { return L_(k).params.total(); }); };
+  // stage_parameters_per_rank of each rank, worked out once (edge_params and the stage loop ask).
+  std::vector<std::optional<double>> params_memo(static_cast<size_t>(p));
+  auto stage_params = [&](int64_t s) {
+    auto& x = params_memo[static_cast<size_t>(s)];
+    if (!x) x = stage_parameters_per_rank(model, l, tr.seq_len, s);
+    return *x;
+  };
 
   const double t_p2p = p > 1 ? comm.p2p(0, stage_size, sh.p2p_bytes) : 0.0;
   const double ptag = sh.recv_tp_allgather_s;
@@ -656,7 +673,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   // stage's embedding and the last stage's head (final norm + LM head or its tied copy).
   auto edge_params = [&](int64_t s) {
     const bool first = is_first(s), last = is_last(s);
-    const double rest = stage_parameters_per_rank(model, l, tr.seq_len, s) - layer_params_of(s);
+    const double rest = stage_params(s) - layer_params_of(s);
     double head = 0;
     if (first && last)
       head = d(norm_parameters(model)) + (model.tied_embeddings ? 0.0 : d(lm_head_parameters(model)) / d(l.tp)) +
@@ -862,7 +879,7 @@ AnalyticEstimate AnalyticEngine::estimate_impl(const Layout& l, int64_t mb, std:
   for (int64_t s = 0; s < p; ++s) {
     const bool first = is_first(s), last = is_last(s);
     const double layers_rank = layers_of(s);
-    const double params = stage_parameters_per_rank(model, l, tr.seq_len, s);
+    const double params = stage_params(s);
     const double expert_params = stage_sum(s, [&](int k) { return L_(k).params.expert; });
     const double dense_params = params - expert_params;
     const double quantized_dense = stage_sum(s, [&](int k) { return L_(k).quantized.dense; });

@@ -1,5 +1,10 @@
 #include "topologies/node_presets.hpp"
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+
 #include "models/errors.hpp"
 #include "models/scalar_text.hpp"
 #include "models/units.hpp"
@@ -43,6 +48,31 @@ const std::vector<Entry>& registry() {
 
 const std::string& name_of(const Entry& x) { return x.preset.name; }
 
+/// The entry named `name`, parsing as little as it can: every shipped file is named after
+/// its preset (ignoring case; tests/unit/test_preset_files.cpp), so the file of that name is
+/// parsed alone, once, on first use (a sweep of one cluster reads one node file and its GPU's,
+/// not every preset). Any other name, or a file that does not parse or names another preset:
+/// the whole registry, every file parsed and checked as before.
+const Entry* find_entry(std::string_view name) {
+  static std::recursive_mutex mu;  // recursive: a file's parse may look up another preset
+  static std::map<std::string, std::unique_ptr<const Entry>, std::less<>> parsed;  // by file path
+  for (const presets::EmbeddedPreset& f : presets::embedded_node_files()) {
+    if (!presets::iequals(presets::file_stem(f.path), name)) continue;
+    const std::lock_guard<std::recursive_mutex> lock(mu);
+    auto it = parsed.find(std::string_view(f.path));
+    if (it == parsed.end()) {
+      try {
+        it = parsed.emplace(f.path, std::make_unique<const Entry>(Entry{parse_node_file(f.text, f.path, ""), f.path})).first;
+      } catch (const InputError&) {
+        break;  // the registry reports it, with every other file's problems
+      }
+    }
+    if (presets::iequals(name_of(*it->second), name)) return it->second.get();
+    break;
+  }
+  return presets::find(registry(), name, name_of);
+}
+
 }  // namespace
 
 const std::vector<std::string>& intra_node_topologies() {
@@ -56,12 +86,12 @@ const std::vector<std::string>& intra_node_topologies() {
 double default_host_dispatch() { return parse_time("13.48 us"); }
 
 std::string node_preset_file(std::string_view name) {
-  const Entry* e = presets::find(registry(), name, name_of);
+  const Entry* e = find_entry(name);
   return e ? e->file : std::string();
 }
 
 const NodePreset* find_node_preset(std::string_view name) {
-  const Entry* e = presets::find(registry(), name, name_of);
+  const Entry* e = find_entry(name);
   return e ? &e->preset : nullptr;
 }
 

@@ -16,6 +16,15 @@ inline bool iequals(std::string_view a, std::string_view b) {
          });
 }
 
+/// The file name of `path` without its directory and extension ("topologies/gpus/b200.yaml":
+/// "b200"): a shipped preset's name, ignoring case.
+inline std::string_view file_stem(std::string_view path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
+  const size_t dot = path.find_last_of('.');
+  return dot == std::string_view::npos ? path : path.substr(0, dot);
+}
+
 /// The entry of `registry` whose name (`name_of(entry)`) equals `name` ignoring case, or
 /// nullptr.
 template <class Entry, class NameOf>

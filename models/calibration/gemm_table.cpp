@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <memory>
+#include <mutex>
 
 #include "models/calibration/embedded_tables.hpp"
 #include "models/errors.hpp"
@@ -205,18 +207,20 @@ std::optional<ProfileTime> GemmTable::lookup(const GemmShape& g) const {
 }
 
 const GemmTable* shipped_gemm_table(std::string_view system, Dtype dtype) {
-  // Parsed on first use; a C++ function-local static is initialised once, thread-safely.
-  static const std::map<std::string, GemmTable> tables = [] {
-    std::map<std::string, GemmTable> m;
-    for (const auto& e : embedded_tables()) {
-      GemmTable t = GemmTable::parse(e.text, "shipped kernel table " + std::string(e.name));
-      t.name = std::string(e.name);
-      m.emplace(t.name, std::move(t));
-    }
-    return m;
-  }();
-  const auto it = tables.find(std::string(system) + "_gemm_" + to_string(dtype));
-  return it == tables.end() ? nullptr : &it->second;
+  // Each table is parsed on its first use (a run needs its GPU's tables, not every shipped
+  // one), once, under a lock; the parsed tables stay for the process.
+  const std::string name = std::string(system) + "_gemm_" + to_string(dtype);
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<const GemmTable>, std::less<>> parsed;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = parsed.find(name); it != parsed.end()) return it->second.get();
+  for (const auto& e : embedded_tables()) {
+    if (e.name != name) continue;
+    auto t = std::make_unique<GemmTable>(GemmTable::parse(e.text, "shipped kernel table " + std::string(e.name)));
+    t->name = std::string(e.name);
+    return parsed.emplace(name, std::move(t)).first->second.get();
+  }
+  return nullptr;
 }
 
 std::vector<std::string> shipped_table_systems() {
@@ -232,24 +236,24 @@ std::vector<std::string> shipped_table_systems() {
 }
 
 const ComputeProfile* ComputeProfile::shipped(std::string_view system) {
-  static const std::map<std::string, ComputeProfile> profiles = [] {
-    std::map<std::string, ComputeProfile> m;
-    for (const std::string& sys : shipped_table_systems()) {
-      ComputeProfile p;
-      p.file = "shipped kernel tables " + sys;
-      p.note = "GEMM times measured by NVIDIA aiconfigurator (commit 095f58a5, Apache-2.0); "
-               "models/calibration/tables/README.md";
-      for (Dtype d : {Dtype::bf16, Dtype::fp8})
-        if (const GemmTable* t = shipped_gemm_table(sys, d)) {
-          p.gemm_tables.push_back(t);
-          if (p.device.name.empty()) p.device.name = t->device;
-        }
-      m.emplace(sys, std::move(p));
+  // Made on first use per system (its tables parsed then: shipped_gemm_table), under a lock.
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<const ComputeProfile>, std::less<>> profiles;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = profiles.find(system); it != profiles.end()) return it->second.get();
+  const std::vector<std::string> systems = shipped_table_systems();
+  if (std::find(systems.begin(), systems.end(), system) == systems.end()) return nullptr;
+  auto p = std::make_unique<ComputeProfile>();
+  const std::string sys(system);
+  p->file = "shipped kernel tables " + sys;
+  p->note = "GEMM times measured by NVIDIA aiconfigurator (commit 095f58a5, Apache-2.0); "
+            "models/calibration/tables/README.md";
+  for (Dtype d : {Dtype::bf16, Dtype::fp8})
+    if (const GemmTable* t = shipped_gemm_table(sys, d)) {
+      p->gemm_tables.push_back(t);
+      if (p->device.name.empty()) p->device.name = t->device;
     }
-    return m;
-  }();
-  const auto it = profiles.find(std::string(system));
-  return it == profiles.end() ? nullptr : &it->second;
+  return profiles.emplace(sys, std::move(p)).first->second.get();
 }
 
 }  // namespace dtsim::calib

@@ -211,11 +211,14 @@ Command add_collective_command(CLI::App& app) {
       "collective", "Simulate a sweep of one collective on a cluster and print an nccl-tests table (size, count, type, "
                     "redop, root, time, algbw, busbw)");
   c->add_option("--op", o.op, "Collective: " + collectives::op_list())->capture_default_str();
-  c->add_option("--cluster", o.cluster,
-                "Node preset (" + node_preset_list() +
-                    ") or an experiment file whose cluster section (and, for --algo deepep, MoE routing) is used")
-      ->required()
-      ->type_name("PRESET|EXP.yaml");
+  CLI::Option* cluster =
+      c->add_option("--cluster", o.cluster, "Node preset or an experiment file")->required()->type_name("PRESET|EXP.yaml");
+  // The preset names are read from the preset files, so only when this command is used (its
+  // help included), not for every dtsim command.
+  c->preparse_callback([cluster](size_t) {
+    cluster->description("Node preset (" + node_preset_list() +
+                         ") or an experiment file whose cluster section (and, for --algo deepep, MoE routing) is used");
+  });
   c->add_option("-g,--gpus", o.gpus, "GPUs in the group (GPUs 0..N-1; default: every GPU of the cluster)");
   c->add_option("--nodes", o.nodes, "Nodes of a preset cluster (default: enough for --gpus)");
   c->add_option("-b,--min-bytes", o.min_bytes, "Smallest size (bytes; K, M, G suffixes, powers of 1024)")

@@ -8,8 +8,6 @@
 #include <iterator>
 #include <limits>
 
-#include <fmt/compile.h>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "models/schedules/schedule.hpp"
@@ -65,10 +63,66 @@ namespace {
 
 // ---------------------------------------------------------------- shared writers --
 
-void put_int(std::string& out, int64_t v) {
-  char buf[24];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, res.ptr);
+/// An append-only buffer in front of a std::string: a row's many small pieces go to a fixed
+/// array, moved to the string when it is full and at the end (no std::string call and
+/// capacity check per character or number).
+class Buf {
+ public:
+  explicit Buf(std::string& out) : out_(out) {}
+  ~Buf() { flush(); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  Buf& operator+=(char c) {
+    room(1);
+    buf_[n_++] = c;
+    return *this;
+  }
+  Buf& operator+=(std::string_view v) {
+    append(v.data(), v.size());
+    return *this;
+  }
+  void append(const char* p, size_t k) {
+    if (k > kSize / 4) {  // long text: straight to the string
+      flush();
+      out_.append(p, k);
+      return;
+    }
+    room(k);
+    std::memcpy(buf_ + n_, p, k);
+    n_ += k;
+  }
+  void append(size_t k, char c) {
+    for (size_t i = 0; i < k; ++i) *this += c;
+  }
+  /// `k` writable characters at the end; commit(end) keeps those up to `end`.
+  char* room_for(size_t k) {
+    room(k);
+    return buf_ + n_;
+  }
+  void commit(const char* end) { n_ = static_cast<size_t>(end - buf_); }
+  /// Replaces the last character written.
+  void set_last(char c) {
+    if (n_ > 0) buf_[n_ - 1] = c;
+    else out_.back() = c;
+  }
+  void flush() {
+    out_.append(buf_, n_);
+    n_ = 0;
+  }
+
+ private:
+  static constexpr size_t kSize = 2048;
+  void room(size_t k) {
+    if (n_ + k > kSize) flush();
+  }
+  std::string& out_;
+  size_t n_ = 0;
+  char buf_[kSize];
+};
+
+void put_int(Buf& out, int64_t v) {
+  char* p = out.room_for(24);
+  out.commit(std::to_chars(p, p + 24, v).ptr);
 }
 
 /// Text that JSON and nlohmann write as it is: printable ASCII but '"' and '\'.
@@ -80,23 +134,56 @@ bool json_plain(std::string_view s) {
   return true;
 }
 
+/// append_json_string into a Buf.
+void json_string(Buf& out, std::string_view s) {
+  if (json_plain(s)) {
+    out += '"';
+    out += s;
+    out += '"';
+    return;
+  }
+  out += nlohmann::json(std::string(s)).dump();  // escapes and UTF-8 checks as nlohmann does
+}
+
+/// append_json_double into a Buf.
+void json_double(Buf& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  char* p = out.room_for(64);
+  out.commit(nlohmann::detail::to_chars(p, p + 64, v));
+}
+
+/// append_csv_number into a Buf.
+void csv_number_to(Buf& out, double v) {
+  if (!std::isfinite(v)) return;
+  if (v == 0) {
+    out += '0';
+    return;
+  }
+  // csv_number's fmt::format("{:.9g}", v): printf's %.9g, which std::to_chars in general
+  // format with precision 9 writes too, correctly rounded (the same characters; faster).
+  char* p = out.room_for(40);
+  out.commit(std::to_chars(p, p + 40, v, std::chars_format::general, 9).ptr);
+}
+
 // ------------------------------------------------------------- journal (format 2) --
 
-void rec_i64(std::string& out, int64_t v) { put_int(out, v); }
-void rec_i32(std::string& out, int v) { put_int(out, v); }
-void rec_boolean(std::string& out, bool v) { out += v ? "true" : "false"; }
-void rec_str(std::string& out, const std::string& s) { append_json_string(out, s); }
-void rec_sched(std::string& out, Schedule s) { append_json_string(out, to_string(s)); }
-void rec_recomp(std::string& out, Recompute v) { append_json_string(out, to_string(v)); }
-void rec_f64(std::string& out, double v) {
+void rec_i64(Buf& out, int64_t v) { put_int(out, v); }
+void rec_i32(Buf& out, int v) { put_int(out, v); }
+void rec_boolean(Buf& out, bool v) { out += v ? "true" : "false"; }
+void rec_str(Buf& out, const std::string& s) { json_string(out, s); }
+void rec_sched(Buf& out, Schedule s) { json_string(out, to_string(s)); }
+void rec_recomp(Buf& out, Recompute v) { json_string(out, to_string(v)); }
+void rec_f64(Buf& out, double v) {
   if (std::isnan(v)) {
     out += "\"nan\"";
   } else if (std::isinf(v)) {
     out += v > 0 ? "\"inf\"" : "\"-inf\"";
   } else {
-    char buf[40];
-    const auto res = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip
-    out.append(buf, res.ptr);
+    char* p = out.room_for(40);
+    out.commit(std::to_chars(p, p + 40, v).ptr);  // shortest round-trip
   }
 }
 
@@ -284,15 +371,15 @@ const char* expected(std::string_view kind) {
 
 // ---------------------------------------------------------------- sweep.json rows --
 
-void js_i64(std::string& out, int64_t v) { put_int(out, v); }
-void js_i32(std::string& out, int v) { put_int(out, v); }
-void js_boolean(std::string& out, bool v) { out += v ? "true" : "false"; }
-void js_str(std::string& out, const std::string& s) { append_json_string(out, s); }
-void js_sched(std::string& out, Schedule s) { append_json_string(out, to_string(s)); }
-void js_recomp(std::string& out, Recompute v) { append_json_string(out, to_string(v)); }
-void js_f64(std::string& out, double v) { append_json_double(out, v); }
+void js_i64(Buf& out, int64_t v) { put_int(out, v); }
+void js_i32(Buf& out, int v) { put_int(out, v); }
+void js_boolean(Buf& out, bool v) { out += v ? "true" : "false"; }
+void js_str(Buf& out, const std::string& s) { json_string(out, s); }
+void js_sched(Buf& out, Schedule s) { json_string(out, to_string(s)); }
+void js_recomp(Buf& out, Recompute v) { json_string(out, to_string(v)); }
+void js_f64(Buf& out, double v) { json_double(out, v); }
 
-using FieldWriter = void (*)(std::string&, const SweepRow&);
+using FieldWriter = void (*)(Buf&, const SweepRow&);
 
 struct JsonField {
   std::string_view name;
@@ -304,7 +391,7 @@ const std::vector<JsonField>& json_fields_sorted() {
   static const std::vector<JsonField> fields = [] {
     std::vector<JsonField> f = {
 #define DTSIM_JSON_FIELD(name, kind, expr) \
-  {#name, [](std::string& out, const SweepRow& r) { js_##kind(out, expr); }},
+  {#name, [](Buf& out, const SweepRow& r) { js_##kind(out, expr); }},
         DTSIM_SWEEP_ROW_FIELDS(DTSIM_JSON_FIELD)
 #undef DTSIM_JSON_FIELD
     };
@@ -314,19 +401,49 @@ const std::vector<JsonField>& json_fields_sorted() {
   return fields;
 }
 
+/// Per field of json_fields_sorted, what precedes its value at nesting depth `depth`: the
+/// indent of depth + 1 spaces, the quoted key and ": " (made once for the usual depths).
+constexpr int kCachedDepths = 8;
+std::vector<std::string> json_key_prefixes(int depth) {
+  std::vector<std::string> out;
+  for (const JsonField& f : json_fields_sorted())
+    out.push_back(std::string(static_cast<size_t>(depth) + 1, ' ') + '"' + std::string(f.name) + "\": ");
+  return out;
+}
+const std::vector<std::string>& json_key_prefixes_cached(int depth) {
+  static const std::array<std::vector<std::string>, kCachedDepths> cache = [] {
+    std::array<std::vector<std::string>, kCachedDepths> c;
+    for (int d = 0; d < kCachedDepths; ++d) c[static_cast<size_t>(d)] = json_key_prefixes(d);
+    return c;
+  }();
+  return cache[static_cast<size_t>(depth)];
+}
+
 // ----------------------------------------------------------------------- CSV --
 
-/// csv_field(s), without a copy when nothing is to be quoted or prefixed.
-void put_csv_text(std::string& out, std::string_view s) {
+/// csv_field(s), without a copy unless it is to be prefixed (a formula-like cell, rare).
+void put_csv_text(Buf& out, std::string_view s) {
   if (!s.empty() && std::string_view("=+-@\t\r").find(s.front()) != std::string_view::npos) {
     out += csv_field(std::string(s));
     return;
   }
-  if (s.find_first_of(",\"\r\n") == std::string_view::npos) {
+  size_t i = 0;
+  while (i < s.size() && s[i] != ',' && s[i] != '"' && s[i] != '\r' && s[i] != '\n') ++i;
+  if (i == s.size()) {
     out += s;
     return;
   }
-  out += csv_field(std::string(s));
+  // Quoted, each '"' doubled (csv_field).
+  out += '"';
+  size_t run = 0;
+  for (i = 0; i < s.size(); ++i)
+    if (s[i] == '"') {
+      out.append(s.data() + run, i + 1 - run);
+      out += '"';
+      run = i + 1;
+    }
+  out.append(s.data() + run, s.size() - run);
+  out += '"';
 }
 
 }  // namespace
@@ -340,14 +457,15 @@ const std::vector<std::string>& journal_columns() {
   return cols;
 }
 
-void append_journal_record(std::string& out, const SweepRow& r) {
+void append_journal_record(std::string& s, const SweepRow& r) {
+  Buf out(s);
   out += '[';
 #define DTSIM_RECORD_FIELD(name, kind, expr) \
   rec_##kind(out, expr);                     \
   out += ',';
   DTSIM_SWEEP_ROW_FIELDS(DTSIM_RECORD_FIELD)
 #undef DTSIM_RECORD_FIELD
-  out.back() = ']';
+  out.set_last(']');
   out += '\n';
 }
 
@@ -385,35 +503,25 @@ bool parse_journal_record(std::string_view line, SweepRow& r, std::string& error
   return true;
 }
 
-void append_json_string(std::string& out, std::string_view s) {
-  if (json_plain(s)) {
-    out += '"';
-    out += s;
-    out += '"';
-    return;
-  }
-  out += nlohmann::json(std::string(s)).dump();  // escapes and UTF-8 checks as nlohmann does
+void append_json_string(std::string& s, std::string_view v) {
+  Buf out(s);
+  json_string(out, v);
 }
 
-void append_json_double(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";
-    return;
-  }
-  std::array<char, 64> buf{};
-  char* end = nlohmann::detail::to_chars(buf.data(), buf.data() + buf.size(), v);
-  out.append(buf.data(), end);
+void append_json_double(std::string& s, double v) {
+  Buf out(s);
+  json_double(out, v);
 }
 
-void append_row_json(std::string& out, const SweepRow& r, int depth) {
+void append_row_json(std::string& s, const SweepRow& r, int depth) {
   const auto& fields = json_fields_sorted();
-  const size_t inner = static_cast<size_t>(depth) + 1;
+  const bool cached = depth >= 0 && depth < kCachedDepths;
+  const std::vector<std::string> made = cached ? std::vector<std::string>{} : json_key_prefixes(depth);
+  const std::vector<std::string>& prefix = cached ? json_key_prefixes_cached(depth) : made;
+  Buf out(s);
   out += "{\n";
   for (size_t k = 0; k < fields.size(); ++k) {
-    out.append(inner, ' ');
-    out += '"';
-    out += fields[k].name;
-    out += "\": ";
+    out += prefix[k];
     fields[k].write(out, r);
     out += k + 1 < fields.size() ? ",\n" : "\n";
   }
@@ -421,19 +529,13 @@ void append_row_json(std::string& out, const SweepRow& r, int depth) {
   out += '}';
 }
 
-void append_csv_number(std::string& out, double v) {
-  if (!std::isfinite(v)) return;
-  if (v == 0) {
-    out += '0';
-    return;
-  }
-  // csv_number's fmt::format("{:.9g}", v), with the format string parsed at compile time.
-  char buf[40];
-  const auto res = fmt::format_to_n(buf, sizeof buf, FMT_COMPILE("{:.9g}"), v);
-  out.append(buf, res.out);
+void append_csv_number(std::string& s, double v) {
+  Buf out(s);
+  csv_number_to(out, v);
 }
 
-void append_csv_line(std::string& out, const SweepRow& r) {
+void append_csv_line(std::string& s, const SweepRow& r) {
+  Buf out(s);
   constexpr double gib = 1024.0 * 1024.0 * 1024.0;
   const Layout& l = r.layout;
   auto i = [&](int64_t v) {
@@ -445,7 +547,7 @@ void append_csv_line(std::string& out, const SweepRow& r) {
     out += ',';
   };
   auto d = [&](double v) {
-    append_csv_number(out, v);
+    csv_number_to(out, v);
     out += ',';
   };
   i(r.id);
@@ -488,7 +590,7 @@ void append_csv_line(std::string& out, const SweepRow& r) {
   d(r.capacity_bytes / gib);
   d(r.usd_per_step);
   d(r.usd_per_mtoken);
-  out.back() = '\n';
+  out.set_last('\n');
 }
 
 }  // namespace dtsim::sweep

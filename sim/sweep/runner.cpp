@@ -3,13 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <iostream>
 #include <ostream>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -200,18 +203,64 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     if (opts.on_flush) opts.on_flush(written);
   };
 
-  // 1. Analytic pass, in id order, on this thread alone: the engines are not thread-safe, and
-  // the SimGrid pass below forks only while this process has one thread
-  // (sim/child_process.hpp).
+  // 1. Analytic pass. The points still to evaluate are split in two halves by id: this
+  // thread evaluates the first and journals it as it goes; for more than one block of 256
+  // points on a machine with several CPUs, a helper thread with its own Evaluator (an engine
+  // caches: one per thread) evaluates the second meanwhile, journaled here in id order once
+  // the first is done. A row depends on its point alone, so rows and journal are what one
+  // thread writes. The helper is joined before anything forks (the SimGrid pass below forks
+  // only while this process has one thread, sim/child_process.hpp), also when this thread
+  // throws.
   Evaluator ev(spec);
+  std::vector<size_t> pending;  // positions in `points` to evaluate, ascending
+  for (size_t i = 0; i < points.size(); ++i)
+    if (!have[i]) pending.push_back(i);
+  constexpr size_t kBlock = 256;
+  const size_t mine = pending.size() > kBlock && std::thread::hardware_concurrency() > 1 ? pending.size() / 2
+                                                                                         : pending.size();
+  auto evaluate = [&](Evaluator& e, size_t i) {
+    analytic[i] = e.analytic(*points[i]);
+    append_csv_line(analytic_csv[i], analytic[i]);
+  };
+  std::atomic<bool> stop{false};
+  std::exception_ptr helper_error;
+  size_t helper_failed_at = pending.size();  // position in `pending` of the helper's exception
+  std::thread helper;
+  struct Join {
+    std::thread& t;
+    std::atomic<bool>& stop;
+    ~Join() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join{helper, stop};
+  if (mine < pending.size()) {
+    helper = std::thread([&] {
+      try {
+        Evaluator hev(spec);
+        for (size_t k = mine; k < pending.size() && !stop.load(std::memory_order_relaxed); ++k) {
+          helper_failed_at = k;
+          evaluate(hev, pending[k]);
+        }
+        helper_failed_at = pending.size();
+      } catch (...) {
+        helper_error = std::current_exception();
+      }
+    });
+  }
   bar.start("layouts (analytic)", static_cast<int64_t>(points.size()));
   int64_t done = 0;
   double last_flush = now_s();
+  size_t k = 0;  // position in `pending`
   for (size_t i = 0; i < points.size(); ++i) {
     bar.update(++done);
     if (have[i]) continue;
-    analytic[i] = ev.analytic(*points[i]);
-    append_csv_line(analytic_csv[i], analytic[i]);
+    if (k == mine && helper.joinable()) helper.join();  // the helper's half: wait for it
+    // Its rows before an exception are journaled, then the exception goes on (as when one
+    // thread evaluates every point).
+    if (k >= mine && helper_error && k == helper_failed_at) std::rethrow_exception(helper_error);
+    if (k < mine) evaluate(ev, i);
+    ++k;
     journal.add(analytic[i], analytic_csv[i]);
     have[i] = 1;
     ++written;
@@ -347,11 +396,15 @@ std::vector<SweepRow> final_ranking(const Outcome& o, RankBy by, std::vector<dou
 
 namespace {
 
+/// Pieces of an output file are handed to the writer at about this size (a large output is
+/// never held whole: fewer fresh pages to fault in and free).
+constexpr size_t kOutputChunk = size_t{1} << 20;
+
 /// sweep.json: what the nlohmann document {title, spec, fingerprint, rank_by, points,
-/// counts, clusters, best, ranked, rows} dumped with indent 1 writes, streamed (keys in
-/// nlohmann's order, sorted; row objects by append_row_json).
-std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& all,
-                       const std::vector<const SweepRow*>& ranked) {
+/// counts, clusters, best, ranked, rows} dumped with indent 1 writes, streamed to `put` in
+/// pieces (keys in nlohmann's order, sorted; row objects by append_row_json).
+void sweep_json(const SweepSpec& spec, const Outcome& o, const std::vector<const SweepRow*>& all,
+                const std::vector<const SweepRow*>& ranked, const std::function<void(std::string_view)>& put) {
   int64_t ok = 0, invalid = 0, oom = 0;
   for (const auto& r : o.analytic) {
     if (r.status == "ok") ++ok;
@@ -359,7 +412,7 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
     else ++invalid;
   }
   std::string s;
-  s.reserve(1024 + (all.size() + std::min<size_t>(ranked.size(), 100) + 1) * 1200);
+  s.reserve(kOutputChunk + 64 * 1024);
   auto key = [&](int indent, const char* k) {
     s.append(static_cast<size_t>(indent), ' ');
     s += '"';
@@ -378,6 +431,10 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
       s += "  ";
       append_row_json(s, row_at(i), 2);
       s += i + 1 < n ? ",\n" : "\n";
+      if (s.size() >= kOutputChunk) {
+        put(s);
+        s.clear();
+      }
     }
     s += " ]";
   };
@@ -453,7 +510,7 @@ std::string sweep_json(const SweepSpec& spec, const Outcome& o, const std::vecto
   key(1, "title");
   append_json_string(s, spec.title);
   s += "\n}\n";
-  return s;
+  put(s);
 }
 
 }  // namespace
@@ -490,7 +547,9 @@ void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& d
   std::exception_ptr json_error;
   std::thread json_writer([&] {
     try {
-      write_file_atomic(dir + "/sweep.json", sweep_json(spec, o, all, ranked));
+      write_file_atomic_streamed(dir + "/sweep.json", [&](const std::function<void(std::string_view)>& put) {
+        sweep_json(spec, o, all, ranked, put);
+      });
     } catch (...) {
       json_error = std::current_exception();
     }
@@ -502,25 +561,35 @@ void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& d
     }
   } join{json_writer};
 
-  {
+  write_file_atomic_streamed(dir + "/results.csv", [&](const std::function<void(std::string_view)>& put) {
     std::string csv = sweep_csv_header();
-    csv.reserve(csv.size() + all.size() * 400);
-    for (const SweepRow* r : all) append_line(csv, r);
-    write_file_atomic(dir + "/results.csv", csv);
-  }
+    csv.reserve(kOutputChunk + 64 * 1024);
+    for (const SweepRow* r : all) {
+      append_line(csv, r);
+      if (csv.size() >= kOutputChunk) {
+        put(csv);
+        csv.clear();
+      }
+    }
+    put(csv);
+  });
 
-  {
+  write_file_atomic_streamed(dir + "/ranked.csv", [&](const std::function<void(std::string_view)>& put) {
     std::string rcsv = "rank,analytic_step_time_s," + sweep_csv_header();
-    rcsv.reserve(rcsv.size() + ranked.size() * 420);
+    rcsv.reserve(kOutputChunk + 64 * 1024);
     for (size_t i = 0; i < ranked.size(); ++i) {
       rcsv += std::to_string(i + 1);
       rcsv += ',';
       append_csv_number(rcsv, an_step[i]);
       rcsv += ',';
       append_line(rcsv, ranked[i]);
+      if (rcsv.size() >= kOutputChunk) {
+        put(rcsv);
+        rcsv.clear();
+      }
     }
-    write_file_atomic(dir + "/ranked.csv", rcsv);
-  }
+    put(rcsv);
+  });
 
   const ReportData rep = sweep_report(spec, o, ranked, an_step);
   write_file_atomic(dir + "/report.html", render_html(rep));

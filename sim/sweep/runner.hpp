@@ -5,7 +5,8 @@
 // `refine_top` valid points, `jobs` at a time, each in its own child process
 // (simulate_step_isolated: one SimGrid engine per process). Rows go to the journal as they
 // arrive, in id order (sim/sweep/journal.hpp); the final, sorted outputs are written at the
-// end, each formatted directly (sim/sweep/row_format.hpp; no JSON document is built):
+// end, each formatted directly (sim/sweep/row_format.hpp; no JSON document is built; the
+// three largest streamed to their files in pieces, reports/atomic_file.hpp):
 //   OUT/results.csv   every row (analytic, then simgrid for refined points), sorted by id
 //   OUT/ranked.csv    valid points best first: refined ones by their SimGrid figures, then
 //                     the rest by their analytic figures; column analytic_step_time_s added

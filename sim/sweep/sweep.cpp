@@ -164,12 +164,10 @@ SweepRow Evaluator::analytic(const LayoutPoint& p) {
   Experiment& e = scratch_[static_cast<size_t>(p.cluster)];
   e.layout = p.layout;
   e.training.micro_batch = p.micro_batch;
-  try {
-    validate_experiment(e);
-  } catch (const InputError& err) {
+  // The checks of validate_experiment, without an exception per invalid layout.
+  if (const std::vector<std::string> problems = experiment_problems(e); !problems.empty()) {
     row.status = "invalid";
-    for (const auto& line : err.problems())
-      row.reason += (row.reason.empty() ? "" : "; ") + strip_file(line, e.source);
+    for (const auto& line : problems) row.reason += (row.reason.empty() ? "" : "; ") + strip_file(line, e.source);
     return row;
   }
   AnalyticEstimate est;

@@ -1,8 +1,10 @@
 // Start-up of the dtsim executable (issue 17 target: `dtsim --version` under 30 ms on this
 // 2-core machine). Each iteration spawns build/dtsim with the arguments below, output to
-// /dev/null, and waits for it: process creation, dynamic loading (SimGrid, yaml-cpp, fmt,
-// Boost; not the CUDA runtime or cuBLASLt, which only `dtsim calibrate` loads through its
-// plugin, models/calibration/measure.hpp) and static initialisation.
+// /dev/null, and waits for it: process creation, dynamic loading (yaml-cpp, fmt, libstdc++;
+// not SimGrid with its ns-3 and Boost libraries, which the first SimGrid simulation loads
+// through its plugin, sim/plugin/simgrid_plugin.hpp, nor the CUDA runtime or cuBLASLt, which
+// only `dtsim calibrate` loads through its plugin, models/calibration/measure.hpp) and static
+// initialisation.
 //   ./build/tests/dtsim_bench_startup
 #include <benchmark/benchmark.h>
 #include <fcntl.h>

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -363,14 +365,45 @@ TEST(CalibrationCli, ListAndNoCudaOrNoDevice) {
 }
 
 TEST(CalibrationCli, OnlyCalibrateLoadsTheCudaLibraries) {
-  // dtsim itself needs neither the CUDA runtime nor cuBLASLt (models/calibration/measure.hpp):
-  // its dynamic section names no CUDA library, whatever the build; the calibrator plugin,
-  // where built, sits beside it.
+  // dtsim itself needs neither the CUDA runtime nor cuBLASLt (models/calibration/measure.hpp)
+  // nor SimGrid (sim/plugin/simgrid_plugin.hpp): its dynamic section names none of them,
+  // whatever the build; the plugins sit beside it.
   CliRun r = run_shell("readelf -d " + std::string(DTSIM_BINARY) + " 2>&1 | grep NEEDED");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("libstdc++"), std::string::npos) << r.out;  // readelf read it
+  EXPECT_EQ(r.out.find("libsimgrid"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("libcudart"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("libcublas"), std::string::npos) << r.out;
+  // The SimGrid engine's plugin names SimGrid, and no CUDA library either.
+  const std::string plugin = (std::filesystem::path(DTSIM_BINARY).parent_path() / "libdtsim_simgrid.so").string();
+  r = run_shell("readelf -d '" + plugin + "' 2>&1 | grep NEEDED");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("libsimgrid"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("libcudart"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("libcublas"), std::string::npos) << r.out;
+}
+
+TEST(SimgridPluginCli, LoadedOnlyWhenASimulationNeedsIt) {
+  // An analytic-only sweep never loads the SimGrid engine (nor libsimgrid); a sweep that
+  // re-simulates its best layout does, once (the dynamic linker's LD_DEBUG=files lists every
+  // library it opens, to stderr).
+  const std::string sweep = std::string(DTSIM_SOURCE_DIR) + "/experiments/sweeps/gpt-2.7b-32-a100.yaml";
+  const std::string dir = testing::TempDir() + "/simgrid_plugin_sweep";
+  std::filesystem::remove_all(dir);
+  CliRun r = run_shell("LD_DEBUG=files '" + std::string(DTSIM_BINARY) + "' sweep '" + sweep + "' --refine-top 0 -q -o '" +
+                       dir + "/analytic' 2>&1");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("libstdc++"), std::string::npos) << r.out;  // LD_DEBUG reported
+  EXPECT_EQ(r.out.find("libdtsim_simgrid"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("libsimgrid"), std::string::npos) << r.out;
+  r = run_shell("LD_DEBUG=files '" + std::string(DTSIM_BINARY) + "' sweep '" + sweep + "' --refine-top 1 -q -o '" + dir +
+                "/refined' 2>&1");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("libdtsim_simgrid"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("libsimgrid"), std::string::npos) << r.out;
+  std::ifstream results(dir + "/refined/results.csv");
+  std::string text((std::istreambuf_iterator<char>(results)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(",simgrid,"), std::string::npos);  // the SimGrid row is there
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "topologies/gpu_presets.hpp"
 #include "topologies/node_presets.hpp"
 #include "topologies/preset_files.hpp"
+#include "topologies/preset_lookup.hpp"
 
 namespace dtsim {
 namespace {
@@ -52,12 +53,15 @@ TEST(PresetFiles, EveryShippedFileParses) {
     EXPECT_EQ(problems_of([&] { parse_gpu_file(f.text, f.path); }), std::vector<std::string>{});
     const GpuSpec g = parse_gpu_file(f.text, f.path);
     EXPECT_EQ(gpu_preset_file(g.name), f.path);
+    // Named after its file (ignoring case): a lookup by name parses that file alone.
+    EXPECT_TRUE(presets::iequals(presets::file_stem(f.path), g.name)) << g.name;
   }
   for (const auto& f : presets::embedded_node_files()) {
     SCOPED_TRACE(f.path);
     EXPECT_EQ(problems_of([&] { parse_node_file(f.text, f.path, ""); }), std::vector<std::string>{});
     const NodePreset n = parse_node_file(f.text, f.path, "");
     EXPECT_EQ(node_preset_file(n.name), f.path);
+    EXPECT_TRUE(presets::iequals(presets::file_stem(f.path), n.name)) << n.name;
     // AMD Instinct platforms join their 8 GPUs by a direct xGMI link per pair; NVIDIA's by NVSwitch.
     EXPECT_EQ(n.intra_node, n.name.rfind("mi", 0) == 0 ? IntraNode::xgmi_mesh : IntraNode::nvswitch);
     EXPECT_EQ(n.gpu_spec.name, gpu_preset(n.gpu).name);

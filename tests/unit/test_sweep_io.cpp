@@ -326,6 +326,34 @@ TEST_F(SweepIo, SweepJsonIsTheNlohmannDocument) {
   EXPECT_EQ(read(e / "sweep.json"), reference_sweep_json(spec, none));
 }
 
+TEST_F(SweepIo, AnalyticRowsAreOneEvaluatorsInIdOrder) {
+  // The analytic pass splits its 1,728 points between this thread and a helper with its own
+  // Evaluator (sim/sweep/runner.hpp): every row, its results.csv line and the journal are
+  // still what one Evaluator gives point by point, in id order, bit for bit.
+  const SweepSpec spec = load_sweep_spec(kSmall, SpecKind::sweep);
+  const fs::path a = dir_ / "a";
+  const sweep::Outcome o = sweep::run_sweep(spec, opts(a, 0));
+  const std::vector<sweep::LayoutPoint> points = sweep::enumerate_layouts(spec);
+  ASSERT_GT(points.size(), 512u);
+  ASSERT_EQ(o.analytic.size(), points.size());
+  ASSERT_EQ(o.analytic_csv.size(), points.size());
+  sweep::Evaluator ev(spec);
+  std::string want_journal, got_records;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const SweepRow want = ev.analytic(points[i]);
+    std::string w, g;
+    sweep::append_journal_record(w, want);
+    sweep::append_journal_record(g, o.analytic[i]);
+    ASSERT_EQ(g, w) << "point " << i;
+    EXPECT_EQ(o.analytic_csv[i], sweep_csv_line(want)) << "point " << i;
+    want_journal += w;
+  }
+  const std::string journal = read(a / "journal.jsonl");
+  const size_t header_end = journal.find('\n');
+  ASSERT_NE(header_end, std::string::npos);
+  EXPECT_EQ(journal.substr(header_end + 1), want_journal);
+}
+
 TEST_F(SweepIo, JournalIsCompactAndTornLastRecordIsCutOnResume) {
   const SweepSpec spec = load_sweep_spec(kSmall, SpecKind::sweep);
   const fs::path full = dir_ / "full", torn = dir_ / "torn";
