@@ -1,5 +1,4 @@
 // Loads the CUDA calibrator plugin on first use (models/calibration/measure.hpp).
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <climits>
@@ -8,6 +7,7 @@
 #include <string>
 
 #include "models/calibration/measure.hpp"
+#include "models/plugin_loader.hpp"
 
 namespace dtsim::calib {
 
@@ -25,16 +25,11 @@ const CalibratorPlugin& plugin() {
             " does not exist; rebuild with a CUDA toolkit and -DDTSIM_CUDA=ON or AUTO, README \"Calibration\")";
       return;
     }
-    // The handle is never closed: the plugin stays for the life of the process.
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char* e = dlerror();
-      why = "cannot load the CUDA calibrator " + path + ": " + (e ? e : "dlopen failed") +
-            " (is the CUDA runtime installed where the build found it?)";
-      return;
-    }
+    void* sym = open_plugin_symbol(path, kCalibratorSymbol, "the CUDA calibrator",
+                                   "is the CUDA runtime installed where the build found it?", why);
+    if (!sym && why.rfind("cannot load", 0) == 0) return;
     using Entry = const CalibratorPlugin* (*)();
-    auto entry = reinterpret_cast<Entry>(dlsym(h, kCalibratorSymbol));
+    auto entry = reinterpret_cast<Entry>(sym);
     const CalibratorPlugin* p = entry ? entry() : nullptr;
     if (!p || p->abi != kCalibratorAbi || p->profile_size != sizeof(ComputeProfile) ||
         p->spec_size != sizeof(KernelSpec) || p->options_size != sizeof(MeasureOptions) || !p->measure_kernels ||
@@ -56,12 +51,7 @@ void rethrow(int code, const std::string& error) {
 
 }  // namespace
 
-std::string calibrator_plugin_path() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const auto dir = ec ? std::filesystem::current_path(ec) : exe.parent_path();
-  return (dir / "libdtsim_calibrator_cuda.so").string();
-}
+std::string calibrator_plugin_path() { return path_beside_executable("libdtsim_calibrator_cuda.so"); }
 
 ComputeProfile measure_kernels(const std::vector<KernelSpec>& kernels, const MeasureOptions& opt, std::ostream& log) {
   const CalibratorPlugin& p = plugin();

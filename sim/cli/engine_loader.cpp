@@ -4,43 +4,30 @@
 // itself does not link SimGrid (CMakeLists.txt), so that a command without a SimGrid
 // simulation starts without it. These definitions take the place of the engine's own, which
 // the library tests link directly.
-#include <dlfcn.h>
 
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "models/plugin_loader.hpp"
 #include "sim/plugin/simgrid_plugin.hpp"
 
 namespace dtsim {
 
 namespace {
 
-std::string simgrid_plugin_path() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const auto dir = ec ? std::filesystem::current_path(ec) : exe.parent_path();
-  return (dir / kSimgridPluginFile).string();
-}
-
 const SimgridPlugin& plugin() {
   static std::once_flag once;
   static const SimgridPlugin* loaded = nullptr;
   static std::string why;
   std::call_once(once, [] {
-    const std::string path = simgrid_plugin_path();
-    // The handle is never closed: the engine stays for the life of the process (and of the
-    // children it forks).
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char* e = dlerror();
-      why = "cannot load the SimGrid engine " + path + ": " + (e ? e : "dlopen failed") +
-            " (it is built with dtsim and must sit beside the dtsim executable)";
-      return;
-    }
+    const std::string path = path_beside_executable(kSimgridPluginFile);
+    void* sym = open_plugin_symbol(path, kSimgridPluginSymbol, "the SimGrid engine",
+                                   "it is built with dtsim and must sit beside the dtsim executable", why);
+    if (!sym && why.rfind("cannot load", 0) == 0) return;
     using Entry = const SimgridPlugin* (*)();
-    auto entry = reinterpret_cast<Entry>(dlsym(h, kSimgridPluginSymbol));
+    auto entry = reinterpret_cast<Entry>(sym);
     const SimgridPlugin* p = entry ? entry() : nullptr;
     const SimgridPlugin want = simgrid_plugin_layout();
     if (!p || p->abi != want.abi || p->experiment_size != want.experiment_size ||
