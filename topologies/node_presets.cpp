@@ -1,8 +1,6 @@
 #include "topologies/node_presets.hpp"
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 
 #include "models/errors.hpp"
@@ -48,29 +46,9 @@ const std::vector<Entry>& registry() {
 
 const std::string& name_of(const Entry& x) { return x.preset.name; }
 
-/// The entry named `name`, parsing as little as it can: every shipped file is named after
-/// its preset (ignoring case; tests/unit/test_preset_files.cpp), so the file of that name is
-/// parsed alone, once, on first use (a sweep of one cluster reads one node file and its GPU's,
-/// not every preset). Any other name, or a file that does not parse or names another preset:
-/// the whole registry, every file parsed and checked as before.
+/// The entry named `name` (presets::find_parsed: its file parsed alone when it can be).
 const Entry* find_entry(std::string_view name) {
-  static std::recursive_mutex mu;  // recursive: a file's parse may look up another preset
-  static std::map<std::string, std::unique_ptr<const Entry>, std::less<>> parsed;  // by file path
-  for (const presets::EmbeddedPreset& f : presets::embedded_node_files()) {
-    if (!presets::iequals(presets::file_stem(f.path), name)) continue;
-    const std::lock_guard<std::recursive_mutex> lock(mu);
-    auto it = parsed.find(std::string_view(f.path));
-    if (it == parsed.end()) {
-      try {
-        it = parsed.emplace(f.path, std::make_unique<const Entry>(Entry{parse_node_file(f.text, f.path, ""), f.path})).first;
-      } catch (const InputError&) {
-        break;  // the registry reports it, with every other file's problems
-      }
-    }
-    if (presets::iequals(name_of(*it->second), name)) return it->second.get();
-    break;
-  }
-  return presets::find(registry(), name, name_of);
+  return presets::find_parsed<Entry>(presets::embedded_node_files(), name, [](const auto& f) { return Entry{parse_node_file(f.text, f.path, ""), f.path}; }, registry, name_of);
 }
 
 }  // namespace

@@ -3,9 +3,14 @@
 // presets (topologies/gpu_presets.hpp, topologies/node_presets.hpp).
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "models/errors.hpp"
 
 namespace dtsim::presets {
 
@@ -40,6 +45,34 @@ std::vector<std::string> names(const std::vector<Entry>& registry, NameOf name_o
   std::vector<std::string> out;
   for (const auto& e : registry) out.emplace_back(name_of(e));
   return out;
+}
+
+/// The entry named `name`, parsing as little as it can: every shipped file is named after
+/// its preset (ignoring case; tests/unit/test_preset_files.cpp), so the file of that name
+/// among `files` is parsed alone by `parse(file)`, once, on first use (a sweep of one cluster
+/// reads one node file and its GPU's, not every preset). Any other name, or a file that does
+/// not parse or names another preset: `registry()`, every file parsed and checked. One cache
+/// per Entry type (the GPU and the node presets), under a recursive lock: a file's parse may
+/// look up another preset.
+template <class Entry, class Files, class Parse, class Registry, class NameOf>
+const Entry* find_parsed(const Files& files, std::string_view name, Parse parse, Registry registry, NameOf name_of) {
+  static std::recursive_mutex mu;
+  static std::map<std::string, std::unique_ptr<const Entry>, std::less<>> parsed;  // by file path
+  for (const auto& f : files) {
+    if (!iequals(file_stem(f.path), name)) continue;
+    const std::lock_guard<std::recursive_mutex> lock(mu);
+    auto it = parsed.find(std::string_view(f.path));
+    if (it == parsed.end()) {
+      try {
+        it = parsed.emplace(f.path, std::make_unique<const Entry>(parse(f))).first;
+      } catch (const InputError&) {
+        break;  // the registry reports it, with every other file's problems
+      }
+    }
+    if (iequals(name_of(*it->second), name)) return it->second.get();
+    break;
+  }
+  return find(registry(), name, name_of);
 }
 
 }  // namespace dtsim::presets
