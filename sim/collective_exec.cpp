@@ -12,6 +12,21 @@
 
 namespace sg4 = simgrid::s4u;
 
+// SimGrid 3.32's kernel-side move of an actor to another host (src/kernel/actor/ActorImpl.cpp,
+// ActorImpl::set_host: the actor leaves one host's actor list and joins the other's, O(1)),
+// exported by libsimgrid but declared in no installed header. launch_flow calls it instead of
+// s4u::Actor::set_host (src/s4u/s4u_Actor.cpp), which first walks every pending activity of the
+// actor with a dynamic_pointer_cast (to migrate Execs; these actors run none): the launcher and
+// the proxy hold every flow in flight, so each move cost O(flows) and a phase O(flows^2) (75-83%
+// of `dtsim collective --gpus 16384`). Only this member is declared; a SimGrid without the
+// symbol fails to link, not to run.
+namespace simgrid::kernel::actor {
+class ActorImpl {
+ public:
+  void set_host(s4u::Host* dest);
+};
+}  // namespace simgrid::kernel::actor
+
 namespace dtsim::simgrid_engine {
 
 namespace {
@@ -135,7 +150,8 @@ std::pair<double, double> phase_delays(const collectives::Phase& ph) {
 
 /// Starts one flow of `bytes` from GPU host `src` to `dst` as a comm of the calling actor
 /// (start_flow_proxy): within one simcall the actor stands on `src` and the proxy on `dst` while
-/// the comm starts (a started comm keeps its hosts), then the actor is back home. One simcall
+/// the comm starts (a started comm keeps its hosts), then the actor is back home (moved by the
+/// kernel's ActorImpl::set_host, above, in O(1)). One simcall
 /// per flow keeps the order in which flows start, hence the network model's sharing, as
 /// Comm::sendto_async's.
 sg4::CommPtr launch_flow(const Platform& p, sg4::Mailbox* mb, sg4::Host* src, sg4::Host* dst, uint64_t bytes) {
@@ -146,10 +162,10 @@ sg4::CommPtr launch_flow(const Platform& p, sg4::Mailbox* mb, sg4::Host* src, sg
   sg4::Comm* comm = c.get();
   simgrid::kernel::actor::simcall_answered([self, proxy, comm, src, dst] {
     sg4::Host* home = self->get_host();
-    self->set_host(src);
-    proxy->set_host(dst);
+    self->get_impl()->set_host(src);
+    proxy->get_impl()->set_host(dst);
     comm->start();
-    self->set_host(home);
+    self->get_impl()->set_host(home);
   });
   return c;
 }
@@ -179,18 +195,23 @@ void run_traffic(const Platform& p, const FoldPolicy& fold, const collectives::G
       comms.push_back(launch_flow(p, mb, p.hosts[static_cast<size_t>(src)], p.hosts[static_cast<size_t>(dst)],
                                   static_cast<uint64_t>(std::max(1.0, bytes + 0.5))));
     };
-    // Folded, plane 0 of a complete exchange over N > 2 nodes runs as N flows, node a to node
-    // a + 1, each with the N - 1 chunks node a sends: every NIC's egress and ingress carry the
-    // bytes of the N (N - 1) per-pair flows, and alone the exchange ends at the same time (each
-    // per-pair flow gets 1 / (N - 1) of both its NICs). Beside other traffic on those NICs,
-    // max-min sharing gives the exchange one share instead of N - 1: the fold's approximation,
-    // as in the rest of a folded step (symmetric ranks), for N - 1 x fewer flows.
+    // Folded, or alone on the fabric (FoldPolicy::alone), plane 0 of a complete exchange over
+    // N > 2 nodes runs as N flows, node a to node a + 1, each with the N - 1 chunks node a
+    // sends: every NIC's egress and ingress carry the bytes of the N (N - 1) per-pair flows,
+    // and alone the exchange ends at the same time (each per-pair flow gets 1 / (N - 1) of both
+    // its NICs). Folded, beside other traffic on those NICs, max-min sharing gives the exchange
+    // one share instead of N - 1: the fold's approximation, as in the rest of a folded step
+    // (symmetric ranks), for N - 1 x fewer flows.
     double chunk = 0;
-    if (plane0 && fold.fold && fold.sample_planes && complete_exchange(g, ph, seat, chunk)) {
+    if (plane0 && (fold.fold || fold.alone) && complete_exchange(g, ph, seat, chunk)) {
       const size_t n = g.nodes.size();
-      for (size_t a = 0; a < n; ++a)
-        launch(g.nodes[a][0], g.nodes[(a + 1) % n][0],
-               static_cast<double>(n - 1) * chunk * static_cast<double>(p.gpus_per_nic));
+      for (size_t a = 0; a < n; ++a) {
+        const int64_t src = g.nodes[a][0];
+        // Each flow stands for the copies of the other planes on its NIC, as below.
+        const double per_nic = fold.fold ? static_cast<double>(p.gpus_per_nic)
+                                         : static_cast<double>(collectives::traffic::members_on_nic(g, src));
+        launch(src, g.nodes[(a + 1) % n][0], static_cast<double>(n - 1) * chunk * per_nic);
+      }
     } else {
       for (const collectives::Flow& f : ph.flows) {
         double bytes = f.bytes;

@@ -32,6 +32,11 @@ struct FoldPolicy {
   /// (collective_exec.cpp planes_are_copies): the same time with k x fewer flows for k members
   /// per node; false launches every plane (the tests compare the two).
   bool sample_planes = true;
+  /// The collective runs by itself on the fabric (`dtsim collective`: the only run of its
+  /// batch): no other flow shares its links, so plane 0 of a complete exchange runs as one
+  /// flow per node to the next node with every chunk that node sends (run_traffic), the same
+  /// time alone with N - 1 x fewer flows, as folded. Never set in a training step.
+  bool alone = false;
 };
 
 /// Bytes a P2P flow from GPU `src` to GPU `dst` carries for `bytes` of payload under `fold`

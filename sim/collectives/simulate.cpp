@@ -70,7 +70,7 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   const auto engine = new_engine();
   simgrid_engine::Platform p = simgrid_engine::build_platform(cluster);
   simgrid_engine::start_flow_proxy(p);
-  const simgrid_engine::FoldPolicy fp{fold, sample_planes};
+  simgrid_engine::FoldPolicy fp{fold, sample_planes};
 
   std::map<int, std::vector<size_t>> batches;
   for (size_t i = 0; i < runs.size(); ++i) batches[runs[i].batch].push_back(i);
@@ -78,10 +78,11 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   sg4::Actor::create("controller", p.hosts.front(), [&] {
     for (const auto& [id, idx] : batches) {
       std::vector<sg4::ActorPtr> actors;
+      fp.alone = idx.size() == 1;  // nothing else on the fabric while this batch runs
       for (size_t i : idx) {
         const CollectiveRun& r = runs[i];
         actors.push_back(sg4::Actor::create(
-            "run" + std::to_string(i), p.hosts[static_cast<size_t>(r.members.front())], [&, i] {
+            "run" + std::to_string(i), p.hosts[static_cast<size_t>(r.members.front())], [&, i, fp] {
               const CollectiveRun& run = runs[i];
               const double t0 = sg4::Engine::get_clock();
               for (int64_t k = 0; k < run.repeat; ++k)

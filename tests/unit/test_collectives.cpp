@@ -160,6 +160,46 @@ TEST_P(EveryAlgorithm, SimulatedAloneEqualsClosedForm) {
 INSTANTIATE_TEST_SUITE_P(Registry, EveryAlgorithm, ::testing::ValuesIn(algorithm_names()),
                          [](const auto& info) { return info.param; });
 
+// A collective alone on the fabric (the only run of its batch) runs plane 0 of a complete
+// exchange as one flow per node to the next (sim/collective_exec.cpp run_traffic,
+// FoldPolicy::alone): N - 1 x fewer flows, the same time as the N (N - 1) per-pair flows it
+// runs beside another run (a second run in its batch, on a node of its own, moves nothing over
+// the NICs). Exact up to the solver's precision, on one and two GPUs per NIC, 3-5 nodes.
+TEST(Collectives, AloneCompleteExchangeAsNodeRingTakesThePerPairTime) {
+  for (const auto& [node, nics] : std::vector<std::pair<std::string, int64_t>>{{"dgx-h100", 0}, {"dgx-a100", 4}}) {
+    for (int64_t nodes : {3, 4, 5}) {
+      const ClusterSpec c = preset(node, nodes + 1, nics);
+      const int64_t g = c.gpus_per_node;
+      std::vector<CollectiveRun> runs;
+      for (double bytes : {1.0 * (1 << 20), 256.0 * (1 << 20)}) {
+        CollectiveRun a2a;
+        a2a.members = range(0, nodes * g);
+        a2a.op = CollOp::AllToAll;
+        a2a.bytes = bytes;
+        a2a.batch = static_cast<int>(runs.size());
+        runs.push_back(a2a);  // alone
+        CollectiveRun beside = a2a;
+        beside.batch = static_cast<int>(runs.size());
+        runs.push_back(beside);
+        CollectiveRun other;  // inside the last node: no flow on any NIC
+        other.members = range(nodes * g, nodes * g + 2);
+        other.op = CollOp::AllReduce;
+        other.bytes = 4096;
+        other.batch = beside.batch;
+        runs.push_back(other);
+      }
+      const auto t = simulate_collectives_isolated(c, runs);
+      ASSERT_EQ(t.size(), runs.size());
+      for (size_t i = 0; i < t.size(); i += 3) {
+        EXPECT_EQ(t[i].algorithm, "direct");
+        EXPECT_GT(t[i].time_s, 0);
+        EXPECT_NEAR(t[i].time_s, t[i + 1].time_s, 1e-9 * t[i + 1].time_s + 1e-9)
+            << node << " x " << nodes << ", " << runs[i].bytes << " B";
+      }
+    }
+  }
+}
+
 // ---- tuner ----
 
 TEST(CollectiveTuner, ChoosesAsNcclDoesOnOneDgxH100) {
