@@ -1,5 +1,5 @@
 // The mixture-of-experts, MLA, local-attention and expert-layout checks of an experiment
-// (models/moe_checks.hpp), called by models/experiment_io.cpp check_experiment.
+// (models/moe_checks.hpp), called by models/experiment_check.cpp check_experiment.
 #include "models/moe_checks.hpp"
 
 #include <string>
