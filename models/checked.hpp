@@ -126,6 +126,32 @@ inline constexpr const char* kMaxSimulatedRanksWhy =
 /// rank; README "Every rank"); 96 KiB leaves room for larger plans.
 inline constexpr int64_t kEngineBytesPerRank = int64_t{96} << 10;  // 96 KiB
 
+/// Physical values of a cluster (cluster.gpu, nvlink, nic, host_dispatch, hbm_reserve):
+/// ranges that hold every GPU, link and host dtsim could be asked about with orders of
+/// magnitude to spare, so that no time, rate or size derived from them overflows or
+/// underflows a double (a 1 GiB transfer at 1e-300 B/s lasts 1e309 s, beyond its range; a
+/// latency of 1e308 s never ends) and SimGrid, which asserts finite durations, is never
+/// handed one. Checked before any work (models/experiment_check.cpp).
+///  - Bandwidths (B/s): 1 kB/s to 1 PB/s. The fastest per-GPU figures are HBM3e at 8 TB/s
+///    (NVIDIA B200 datasheet) and NVLink 5 at 1.8 TB/s; the slowest link anyone trains over
+///    is a 1 Gb/s Ethernet port (1.25e8 B/s).
+inline constexpr double kMinBandwidth = 1e3, kMaxBandwidth = 1e15;
+///  - FLOP rates (FLOP/s): 1 GFLOP/s to 1 EFLOP/s per GPU; the largest datasheet peak is
+///    B300's dense FP4, 15 PFLOP/s (NVIDIA Blackwell Ultra datasheet).
+inline constexpr double kMinFlopRate = 1e9, kMaxFlopRate = 1e18;
+///  - Efficiencies and ratios of measured to peak rate: at least 0.1%. A kernel or link a
+///    thousand times below its peak is a broken measurement, not a hardware property
+///    (measured GEMM / peak is 0.6-0.9, models/compute_cost.hpp).
+inline constexpr double kMinEfficiency = 1e-3;
+///  - Latencies and per-kernel costs (s): at most 1 s. Link latencies are about a
+///    microsecond (NVLink 0.6-1 us, InfiniBand 2-5 us, NCCL's tuning model) and a kernel
+///    launch 5-15 us (topologies/nodes/README.md), 10^5 times below.
+inline constexpr double kMaxLatency = 1.0;
+///  - Memory sizes (B): at most 1 PiB per GPU; the largest HBM is B300's 288 GB.
+inline constexpr double kMaxMemoryBytes = 1125899906842624.0;  // 2^50
+inline constexpr const char* kPhysicalWhy =
+    "orders of magnitude beyond any GPU, link or host (models/checked.hpp), so that every derived time stays finite";
+
 /// Sizes of one `dtsim collective` sweep (--min-bytes .. --max-bytes by --factor): each
 /// size is one simulated collective; nccl-tests' default sweep (-b 8 -e 8G -f 2) has 31.
 inline constexpr int64_t kMaxCollectiveSizes = 1000;

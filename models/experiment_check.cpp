@@ -349,26 +349,55 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
   auto non_negative = [&](std::string_view key, double v, const char* unit) {
     if (!(v >= 0) && ok({key})) p.add(std::string(key) + "=" + fmt_double(v) + " " + unit + " must be >= 0");
   };
-  positive("cluster.gpu.peak_bf16", c.gpu.peak_bf16_flops, "FLOP/s");
-  non_negative("cluster.gpu.peak_fp8", c.gpu.peak_fp8_flops, "FLOP/s");
-  non_negative("cluster.gpu.peak_fp4", c.gpu.peak_fp4_flops, "FLOP/s");
-  positive("cluster.gpu.hbm", c.gpu.hbm_bytes, "B");
-  positive("cluster.gpu.hbm_bandwidth", c.gpu.hbm_bandwidth, "B/s");
-  fraction("cluster.gpu.gemm_efficiency", c.gpu.gemm_efficiency);
-  fraction("cluster.gpu.memory_efficiency", c.gpu.memory_efficiency);
-  non_negative("cluster.gpu.kernel_overhead", c.gpu.kernel_overhead, "s");
+  // Physical ranges (limits:: in models/checked.hpp): a value may be zero only where zero
+  // means "none" (peak_fp8/fp4: no such tensor cores; latencies, overheads, reserve: none).
+  auto within = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {
+    if (!(v > 0) || !ok({key})) return;  // zero is allowed or has its "must be > 0" message
+    const std::string u = *unit ? std::string(" ") + unit : "";
+    if (v < lo || v > hi)
+      p.add(std::string(key) + "=" + fmt_double(v) + u + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) +
+            "]" + u + (zero_ok && lo > 0 ? " (or 0)" : "") + ": " + limits::kPhysicalWhy);
+  };
+  auto rate = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {
+    if (zero_ok) non_negative(key, v, unit);
+    else positive(key, v, unit);
+    within(key, v, lo, hi, unit, zero_ok);
+  };
+  auto efficiency = [&](std::string_view key, double v) {
+    fraction(key, v);
+    if (v > 0 && v <= 1) within(key, v, limits::kMinEfficiency, 1.0, "", false);
+  };
+  auto latency = [&](std::string_view key, double v) {
+    non_negative(key, v, "s");
+    within(key, v, 0, limits::kMaxLatency, "s", true);
+  };
+  rate("cluster.gpu.peak_bf16", c.gpu.peak_bf16_flops, limits::kMinFlopRate, limits::kMaxFlopRate, "FLOP/s", false);
+  rate("cluster.gpu.peak_fp8", c.gpu.peak_fp8_flops, limits::kMinFlopRate, limits::kMaxFlopRate, "FLOP/s", true);
+  rate("cluster.gpu.peak_fp4", c.gpu.peak_fp4_flops, limits::kMinFlopRate, limits::kMaxFlopRate, "FLOP/s", true);
+  rate("cluster.gpu.hbm", c.gpu.hbm_bytes, 1, limits::kMaxMemoryBytes, "B", false);
+  rate("cluster.gpu.hbm_bandwidth", c.gpu.hbm_bandwidth, limits::kMinBandwidth, limits::kMaxBandwidth, "B/s", false);
+  efficiency("cluster.gpu.gemm_efficiency", c.gpu.gemm_efficiency);
+  efficiency("cluster.gpu.memory_efficiency", c.gpu.memory_efficiency);
+  if (c.gpu.attention_efficiency > 0 && c.gpu.attention_efficiency <= 1)
+    within("cluster.gpu.attention_efficiency", c.gpu.attention_efficiency, limits::kMinEfficiency, 1.0, "", true);
+  if (c.gpu.sustained_ratio > 0 && c.gpu.sustained_ratio <= 1)
+    within("cluster.gpu.sustained_ratio", c.gpu.sustained_ratio, limits::kMinEfficiency, 1.0, "", false);
+  latency("cluster.gpu.kernel_overhead", c.gpu.kernel_overhead);
   if (c.gpus_per_node > 1) {
-    positive("cluster.nvlink.bandwidth", c.nvlink.bandwidth, "B/s");
-    non_negative("cluster.nvlink.latency", c.nvlink.latency, "s");
-    fraction("cluster.nvlink.efficiency", c.nvlink.efficiency);
+    rate("cluster.nvlink.bandwidth", c.nvlink.bandwidth, limits::kMinBandwidth, limits::kMaxBandwidth, "B/s", false);
+    latency("cluster.nvlink.latency", c.nvlink.latency);
+    efficiency("cluster.nvlink.efficiency", c.nvlink.efficiency);
+    if (c.nvls_efficiency > 0 && c.nvls_efficiency <= 1)
+      within("cluster.nvlink.nvls_efficiency", c.nvls_efficiency, limits::kMinEfficiency, 1.0, "", true);
   }
   if (c.nodes > 1) {
-    positive("cluster.nic.bandwidth", c.nic.bandwidth, "B/s");
-    non_negative("cluster.nic.latency", c.nic.latency, "s");
-    fraction("cluster.nic.efficiency", c.nic.efficiency);
+    rate("cluster.nic.bandwidth", c.nic.bandwidth, limits::kMinBandwidth, limits::kMaxBandwidth, "B/s", false);
+    latency("cluster.nic.latency", c.nic.latency);
+    efficiency("cluster.nic.efficiency", c.nic.efficiency);
   }
   non_negative("cluster.hbm_reserve", c.hbm_reserve_bytes, "B");
-  non_negative("cluster.host_dispatch", c.host_dispatch, "s");
+  within("cluster.hbm_reserve", c.hbm_reserve_bytes, 0, limits::kMaxMemoryBytes, "B", true);
+  latency("cluster.host_dispatch", c.host_dispatch);
   if (ok({"cluster.hbm_reserve", "cluster.gpu.hbm"}) && c.gpu.hbm_bytes > 0 && c.hbm_reserve_bytes >= c.gpu.hbm_bytes)
     p.add("cluster.hbm_reserve=" + fmt_double(c.hbm_reserve_bytes) +
           " B leaves no memory: it is not below cluster.gpu.hbm=" + fmt_double(c.gpu.hbm_bytes) + " B");

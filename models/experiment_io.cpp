@@ -905,7 +905,11 @@ LayoutDraft read_layout(Reader r) {
   if (auto sch = r.choice("schedule", kSchedules)) l.schedule = *sch;
   else if (l.vp > 1) l.schedule = Schedule::interleaved;
   set_if(l.ep, r.integer("ep"));
-  set_if(l.etp, r.integer("etp"));
+  // Layout::etp 0 stands for "left out" (= tp); a written 0 is an error, as for ep.
+  if (auto v = r.integer("etp")) {
+    if (*v >= 1) l.etp = *v;
+    else r.ctx().fail(r.path("etp"), r.path("etp") + "=" + std::to_string(*v) + " must be >= 1 (or left out: = tp)");
+  }
   return d;
 }
 

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -114,10 +116,14 @@ std::optional<HfFamily> detect_family(HfReader& r, const nlohmann::json& j) {
     r.add("model_type=" + quote(t) + " is not supported (supported: " + kSupportedModelTypes + ")");
     return std::nullopt;
   }
-  if (r.contains("n_embd") || r.contains("n_layer")) return HfFamily::gpt2;
-  if (r.contains("rotary_pct") || r.contains("use_parallel_residual")) return HfFamily::neox;
-  if (r.contains("num_hidden_layers")) return HfFamily::llama;
-  r.add(std::string("no \"model_type\" and no recognizable keys (supported: ") + kSupportedModelTypes + ")");
+  // transformers picks the config class from model_type (AutoConfig.from_pretrained,
+  // CONFIG_MAPPING[config_dict["model_type"]]): without it the family, hence the meaning of
+  // every other key, is unknown, and guessing it would be a silent default.
+  if (j.contains("model_type"))
+    r.add("model_type must be a string naming the architecture (got " + std::string(j["model_type"].type_name()) +
+          "; supported: " + kSupportedModelTypes + ")");
+  else
+    r.add(std::string("no \"model_type\": the architecture is unknown (supported: ") + kSupportedModelTypes + ")");
   return std::nullopt;
 }
 
@@ -486,10 +492,27 @@ bool read_hf_config(const std::string& key_path, const std::string& value, const
   }
   note_input_file(file.string());
   nlohmann::json j;
+  // A key twice in one object: JSON (RFC 8259 Sec. 4) says names SHOULD be unique and leaves
+  // the meaning open; nlohmann keeps the last and Python's json the last too, silently. An
+  // error here, as a duplicate YAML key is.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  const auto on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) open_objects.emplace_back();
+    else if (event == nlohmann::json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    else if (event == nlohmann::json::parse_event_t::key && !open_objects.empty() &&
+             !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(in, on_event);
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     fail(where + ": " + file.string() + " is not valid JSON (" + e.what() + ")");
+    return false;
+  }
+  if (!duplicate.empty()) {
+    fail(where + ": " + file.string() + " has the key " + quote(duplicate) + " twice in one object (keep one)");
     return false;
   }
   if (!j.is_object()) {

@@ -91,7 +91,10 @@ PlanSpec parse_plan_spec(const std::string& yaml_text, const std::string& source
         }
         for (size_t i = 0; i < n.size(); ++i)
           if (auto v = number(n[i], path + "[" + std::to_string(i) + "]", p)) {
-            if (!(*v > 0)) p.add(path + "[" + std::to_string(i) + "] must be > 0");
+            // A what-if within three orders of magnitude either way: beyond that the changed
+            // link or cluster leaves the stated physical and GPU limits (models/checked.hpp).
+            if (!(*v >= 1e-3 && *v <= 1e3))
+              p.add(path + "[" + std::to_string(i) + "] must be in [0.001, 1000]");
             else out.push_back(*v);
           }
       };

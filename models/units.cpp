@@ -148,7 +148,12 @@ double parse_quantity(std::string_view text, Quantity q) {
   if (!parts || parts->second.empty()) throw InputError(problem(text, q));
   const auto factor = unit_factor(parts->second, q);
   if (!factor) throw InputError(problem(text, q));
-  return parts->first * *factor;
+  const double v = parts->first * *factor;
+  // "1e300 GiB" is a well-formed number and unit whose value overflows a double.
+  if (!std::isfinite(v))
+    throw InputError("\"" + std::string(text) + "\" is beyond the range of " + describe(q) +
+                     " (its value in SI units overflows a double)");
+  return v;
 }
 
 double parse_quantity_at(std::string_view text, Quantity q, const std::string& where) {

@@ -18,6 +18,8 @@
 //
 // Errors: every parser throws dtsim::InputError with exactly one problem of the form
 //   "<text>" is not a bandwidth (expected e.g. "450 GB/s")
+// or, for a well-formed value whose SI value overflows a double ("1e300 GiB"),
+//   "<text>" is beyond the range of a size in bytes (...)
 // Callers prefix it with the file and key, e.g. parse_quantity_at(...) produces
 //   exp.yaml: cluster.nvlink.bandwidth="450 GB" is not a bandwidth (expected e.g. "450 GB/s")
 #include <string>

@@ -41,6 +41,7 @@ const char* kind_of(mode_t m) {
   if (S_ISFIFO(m)) return "a FIFO (named pipe)";
   if (S_ISSOCK(m)) return "a socket";
   if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISREG(m)) return "a regular file";
   return "not a regular file";
 }
 
@@ -214,13 +215,14 @@ void write_file_atomic_streamed(const std::string& path,
   replace_atomically(path, t.path, fill);
 }
 
-void prepare_output_dir(const std::string& dir, const std::string& flag) {
+void prepare_output_dir(const std::string& dir, const std::string& flag, const std::vector<std::string>& files) {
   if (dir.empty()) throw InputError(flag + ": empty directory name");
   if (dir == "-") throw InputError(flag + " -: an output directory is needed here, not standard output");
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0) {  // follows a symlink to a directory
     if (!S_ISDIR(st.st_mode))
       throw InputError(flag + " " + dir + ": refusing to write: " + kind_of(st.st_mode) + ", not a directory");
+    for (const auto& name : files) check_output_file((fs::path(dir) / name).string());
     return;
   }
   struct stat lst {};

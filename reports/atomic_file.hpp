@@ -18,6 +18,7 @@
 // std::runtime_error naming the path (exit code 1).
 #include <functional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 namespace dtsim {
@@ -53,7 +54,9 @@ void write_file_atomic_streamed(const std::string& path,
 
 /// The rule for an output directory (-o DIR): "-" is refused; an existing path must be a
 /// directory (a symlink to one is followed); a missing one is created with its parents.
-/// Throws InputError naming `flag` and `dir`.
-void prepare_output_dir(const std::string& dir, const std::string& flag);
+/// Throws InputError naming `flag` and `dir`. `files`: the names the command will write
+/// there, each checked with check_output_file now (an input file, FIFO or device of that
+/// name is refused before the work starts, not when its turn to be written comes).
+void prepare_output_dir(const std::string& dir, const std::string& flag, const std::vector<std::string>& files = {});
 
 }  // namespace dtsim

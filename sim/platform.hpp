@@ -11,6 +11,8 @@
 #include <simgrid/s4u.hpp>
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -49,6 +51,36 @@ int64_t actor_stack_bytes();
 /// Makes the C library serve every block of actor_stack_bytes() or more by mmap, so that a
 /// stack costs only the pages its actor touches (call before the actors are created).
 void prepare_actor_stacks();
+
+/// SimGrid 3.32 ends the process (abort, "Uncaught exception") when an exception leaves an
+/// actor's body. A body wrapped by guard() keeps the first exception instead and kills every
+/// other actor, so that Engine::run() returns and the caller's rethrow() raises it there: an
+/// input problem found inside a simulation reaches the user as its InputError with exit code
+/// 2, never as an abort. SimGrid's own unwinding of a killed actor (ForcefulKillException)
+/// passes through untouched, as SimGrid requires.
+class ActorErrors {
+ public:
+  template <class F>
+  std::function<void()> guard(F body) {
+    return [this, body = std::move(body)]() mutable {
+      try {
+        body();
+      } catch (const simgrid::ForcefulKillException&) {
+        throw;
+      } catch (...) {
+        if (!first_) first_ = std::current_exception();
+        simgrid::s4u::Actor::kill_all();
+      }
+    };
+  }
+  /// Rethrows the first exception an actor raised, if any (call after Engine::run()).
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::exception_ptr first_;
+};
 
 struct Platform {
   std::vector<simgrid::s4u::Host*> hosts;  // GPU g is hosts[g]

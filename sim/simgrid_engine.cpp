@@ -251,6 +251,7 @@ class Simulation {
   std::map<std::pair<int, int64_t>, GroupState> groups_;
   std::vector<std::unique_ptr<Message>> messages_;
   int64_t next_async_id_ = 1;  // trace: async slice ids (P2P transfers)
+  simgrid_engine::ActorErrors errors_;  // the first exception raised inside an actor
 };
 
 GroupState& Simulation::group_of(RankState& rs, GroupKind kind) {
@@ -361,7 +362,7 @@ void Simulation::issue(RankState& rs, const Op& op, bool interferes) {
     st.queued = sg4::Semaphore::create(0);
     st.collective = sg4::Semaphore::create(0);
     st.actor = sg4::Actor::create("stream" + std::to_string(k) + "_" + std::to_string(rs.rank), rs.host,
-                                  [this, &rs, k] { stream_actor(rs, k); });
+                                  errors_.guard([this, &rs, k] { stream_actor(rs, k); }));
     st.actor->daemonize();
   }
   st.queued->release();
@@ -827,7 +828,8 @@ StepResult Simulation::run() {
     rs.rate_change = sg4::Semaphore::create(0);
     rs.collective = sg4::Semaphore::create(0);
     // Eager P2P: the receiver's mailboxes accept data as soon as it is sent.
-    rs.compute_actor = sg4::Actor::create("rank" + std::to_string(rs.rank), rs.host, [this, &rs] { compute_actor(rs); });
+    rs.compute_actor =
+        sg4::Actor::create("rank" + std::to_string(rs.rank), rs.host, errors_.guard([this, &rs] { compute_actor(rs); }));
     for (int32_t c = 0; c < chunks; ++c) {
       mailbox(rs.rank, Direction::forward, c)->set_receiver(rs.compute_actor);
       mailbox(rs.rank, Direction::backward, c)->set_receiver(rs.compute_actor);
@@ -835,6 +837,7 @@ StepResult Simulation::run() {
   }
   engine.run();
   messages_.clear();  // their CommPtrs must not outlive the engine
+  errors_.rethrow();  // an exception inside an actor ended the run (ActorErrors)
   // SimGrid returns when no activity can progress; a rank still inside its plan then
   // waits forever (a plan whose sends, receives or collectives do not match): an engine
   // or plan bug, never a result.

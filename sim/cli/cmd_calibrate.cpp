@@ -153,7 +153,7 @@ Command add_calibrate_command(CLI::App& app) {
       "calibrate", "Time the experiment's compute kernels on the local GPU and write a compute profile");
   c->add_option("experiment", o.experiment, "Experiment YAML file")->required()->type_name("EXP.yaml");
   c->add_option("--out", o.out, "Profile YAML to write (atomically); use it with cluster.gpu.profile")
-      ->type_name("FILE.yaml");
+      ->type_name("FILE.yaml")->check(output_path_check());
   c->add_option("--device", o.device, "CUDA device ordinal (default 0)")->type_name("N")->check(CLI::NonNegativeNumber);
   c->add_flag("--grid", o.grid, "Also measure a grid of nearby shapes, to fit the models for unmeasured shapes");
   c->add_flag("--list", o.list, "Print the kernels that would be measured and stop (needs no GPU)");

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,7 +76,11 @@ double parse_size(const std::string& text, const std::string& option) {
   if (t.empty() || used != t.size() || v < 1)
     throw InputError(option + " " + text + ": not a size (expected a positive integer of bytes with an optional K, M or "
                      "G suffix, powers of 1024, as nccl-tests: 8, 128K, 8G)");
-  return static_cast<double>(v) * mult;
+  const double bytes = static_cast<double>(v) * mult;
+  if (bytes > limits::kMaxMemoryBytes)
+    throw InputError(fmt::format("{} {}: {:.4g} bytes is above the {:.4g}-byte limit of one GPU's buffer (1 PiB: {})",
+                                 option, text, bytes, limits::kMaxMemoryBytes, limits::kPhysicalWhy));
+  return bytes;
 }
 
 ClusterSpec preset_cluster(const CollectiveOptions& o) {
@@ -111,7 +116,8 @@ int collective_command(const CollectiveOptions& o) {
     throw InputError("--redop " + o.redop + ": not a reduction (valid: sum, prod, min, max, avg)");
   const double min_b = parse_size(o.min_bytes, "--min-bytes"), max_b = parse_size(o.max_bytes, "--max-bytes");
   if (max_b < min_b) throw InputError("--max-bytes " + o.max_bytes + " is below --min-bytes " + o.min_bytes);
-  if (!(o.factor > 1)) throw InputError("--factor " + fmt::format("{}", o.factor) + " must be > 1");
+  if (!(o.factor > 1) || !std::isfinite(o.factor))
+    throw InputError("--factor " + fmt::format("{}", o.factor) + " must be a finite number > 1");
   // Each size is one simulated collective: refuse a sweep longer than the stated limit
   // before simulating any (a factor near 1 used to run for ever).
   const double n_sizes = std::floor(std::log(max_b / min_b) / std::log(o.factor) + 1e-9) + 1;
@@ -219,8 +225,10 @@ Command add_collective_command(CLI::App& app) {
     cluster->description("Node preset (" + node_preset_list() +
                          ") or an experiment file whose cluster section (and, for --algo deepep, MoE routing) is used");
   });
-  c->add_option("-g,--gpus", o.gpus, "GPUs in the group (GPUs 0..N-1; default: every GPU of the cluster)");
-  c->add_option("--nodes", o.nodes, "Nodes of a preset cluster (default: enough for --gpus)");
+  c->add_option("-g,--gpus", o.gpus, "GPUs in the group (GPUs 0..N-1; default: every GPU of the cluster)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  c->add_option("--nodes", o.nodes, "Nodes of a preset cluster (default: enough for --gpus)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   c->add_option("-b,--min-bytes", o.min_bytes, "Smallest size (bytes; K, M, G suffixes, powers of 1024)")
       ->capture_default_str();
   c->add_option("-e,--max-bytes", o.max_bytes, "Largest size")->capture_default_str();

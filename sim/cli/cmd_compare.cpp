@@ -47,7 +47,8 @@ std::string text_table(const ReportTable& t) {
 int compare_command(const CompareOptions& o) {
   require_input_file(o.spec);
   const SweepSpec spec = load_sweep_spec(o.spec, SpecKind::compare);
-  if (!o.out.empty()) prepare_output_dir(o.out, "--out");  // created with its parents
+  if (!o.out.empty())  // created with its parents
+    prepare_output_dir(o.out, "--out", {"compare.csv", "compare.json", "report.html", "report.md"});
   const auto entries = sweep::run_compare(spec, o.jobs, !o.quiet);
   const ReportTable table = sweep::compare_table(entries);
   if (!o.out.empty()) {
@@ -90,7 +91,7 @@ Command add_compare_command(CLI::App& app) {
   c->add_option("spec", o.spec, "Compare YAML file (model, training, clusters, layout or space)")
       ->required()
       ->type_name("COMPARE.yaml");
-  c->add_option("-o,--out", o.out, "Also write compare.csv, compare.json, report.html, report.md here")->type_name("DIR");
+  c->add_option("-o,--out", o.out, "Also write compare.csv, compare.json, report.html, report.md here")->type_name("DIR")->check(output_path_check());
   c->add_option("-j,--jobs", o.jobs, "SimGrid simulations run at once (child processes)")->check(CLI::Range(1, 256));
   c->add_flag("-q,--quiet", o.quiet, "No progress and no table");
   return {c, [opts] { return compare_command(*opts); }};

@@ -32,7 +32,7 @@ int merge_command(const MergeOptions& o) {
   if (spec.fingerprint != m.fingerprint)
     throw InputError(m.spec_path + ": changed since the shards ran (fingerprint " + spec.fingerprint + ", shards " +
                      m.fingerprint + "): run the sweep again");
-  prepare_output_dir(o.out, "--out");  // created with its parents
+  prepare_output_dir(o.out, "--out", {"results.csv", "ranked.csv", "sweep.json", "report.html", "report.md"});
   // Writing into a shard would replace that shard's own results.
   std::error_code ec;
   for (const auto& d : o.shards)
@@ -54,7 +54,7 @@ Command add_merge_command(CLI::App& app) {
   c->add_option("shards", o.shards, "Output directories of dtsim sweep --shard i/N (all N of them)")
       ->required()
       ->type_name("SHARD_DIR...");
-  c->add_option("-o,--out", o.out, "Directory for the joined results")->required()->type_name("DIR");
+  c->add_option("-o,--out", o.out, "Directory for the joined results")->required()->type_name("DIR")->check(output_path_check());
   c->add_flag("-q,--quiet", o.quiet, "No summary");
   return {c, [opts] { return merge_command(*opts); }};
 }

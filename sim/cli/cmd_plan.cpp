@@ -31,7 +31,8 @@ struct PlanOptions {
 int plan_command(const PlanOptions& o) {
   require_input_file(o.spec);
   const PlanSpec spec = load_plan_spec(o.spec);
-  if (!o.out.empty()) prepare_output_dir(o.out, "--out");  // created with its parents
+  if (!o.out.empty())  // created with its parents
+    prepare_output_dir(o.out, "--out", {"plan.csv", "plan.json", "report.html", "report.md"});
   const sweep::PlanOutcome out = sweep::run_plan(spec, o.jobs, !o.quiet);
   const ReportTable table = sweep::plan_table(spec, out);
   if (!o.out.empty()) {
@@ -60,9 +61,12 @@ int plan_command(const PlanOptions& o) {
       j["options"].push_back(c);
     }
     j["sensitivity"] = nlohmann::json::array();
-    for (const auto& s : out.sensitivity)
-      j["sensitivity"].push_back({{"change", s.what}, {"gpus", s.gpus}, {"layout", s.layout}, {"step_time_s", s.step_time_s},
-                                  {"days", s.days}, {"usd", s.usd}, {"mfu", s.mfu}});
+    for (const auto& s : out.sensitivity) {  // without a layout the figures are null, not 0
+      const auto fig = [&](double v) { return s.ok ? nlohmann::json(v) : nlohmann::json(nullptr); };
+      j["sensitivity"].push_back({{"change", s.what}, {"gpus", s.gpus}, {"layout", s.layout},
+                                  {"step_time_s", fig(s.step_time_s)}, {"days", fig(s.days)}, {"usd", fig(s.usd)},
+                                  {"mfu", fig(s.mfu)}});
+    }
     write_file_atomic(o.out + "/plan.json", j.dump(1) + "\n");
     write_file_atomic(o.out + "/report.html", render_html(rep));
     write_file_atomic(o.out + "/report.md", render_markdown(rep));
@@ -81,7 +85,11 @@ int plan_command(const PlanOptions& o) {
       std::cout << "  no candidate has a valid layout\n";
     }
     for (const auto& s : out.sensitivity)
-      std::cout << fmt::format("  sensitivity  {:<32} {:>6} GPUs  {:>7.1f} days  {:>12.0f} USD\n", s.what, s.gpus, s.days, s.usd);
+      if (s.ok)
+        std::cout << fmt::format("  sensitivity  {:<32} {:>6} GPUs  {:>7.1f} days  {:>12.0f} USD\n", s.what, s.gpus, s.days,
+                                 s.usd);
+      else
+        std::cout << fmt::format("  sensitivity  {:<32} {:>6} GPUs  {}\n", s.what, s.gpus, s.layout);
     if (!o.out.empty())
       std::cout << fmt::format("  written: {0}/plan.csv {0}/plan.json {0}/report.html {0}/report.md\n", o.out);
   }
@@ -97,7 +105,7 @@ Command add_plan_command(CLI::App& app) {
   c->add_option("spec", o.spec, "Plan YAML file (model, training, tokens, deadline or gpu_budget, candidates)")
       ->required()
       ->type_name("PLAN.yaml");
-  c->add_option("-o,--out", o.out, "Also write plan.csv, plan.json, report.html, report.md here")->type_name("DIR");
+  c->add_option("-o,--out", o.out, "Also write plan.csv, plan.json, report.html, report.md here")->type_name("DIR")->check(output_path_check());
   c->add_option("-j,--jobs", o.jobs, "SimGrid simulations run at once (child processes)")->check(CLI::Range(1, 256));
   c->add_flag("-q,--quiet", o.quiet, "No progress and no summary");
   return {c, [opts] { return plan_command(*opts); }};

@@ -61,6 +61,15 @@ int run_command(const RunOptions& o) {
   require_input_file(o.experiment);
   if (o.json_path == "-" && o.trace_path == "-")
     throw InputError("--json - --trace -: only one output can go to standard output");
+  // One file cannot hold both outputs: the second write would replace the first.
+  if (!o.json_path.empty() && !o.trace_path.empty() && o.json_path != "-" && o.trace_path != "-") {
+    std::error_code ec1, ec2;
+    const auto a = std::filesystem::weakly_canonical(o.json_path, ec1);
+    const auto b = std::filesystem::weakly_canonical(o.trace_path, ec2);
+    if (ec1 || ec2 ? o.json_path == o.trace_path : a == b)
+      throw InputError("--json " + o.json_path + " and --trace " + o.trace_path +
+                       " name the same file: each output needs its own path");
+  }
   const Experiment exp = load_experiment(o.experiment, o.sets);
   // The engine's limits (rank-operations, memory), before any other work.
   check_engine_limits(exp, EngineOptions{.fold = !o.no_fold}, o.experiment);
@@ -113,11 +122,11 @@ Command add_run_command(CLI::App& app) {
   run->add_option("--json", o.json_path,
                   "Also write the full result as JSON to FILE (atomically; - for standard output, the summary then "
                   "goes to stderr)")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(output_path_check());
   run->add_option("--trace", o.trace_path,
                   "Write a Chrome/Perfetto trace of the step to FILE (one process per simulated rank, one "
                   "thread per stream; - for standard output)")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(output_path_check());
   run->add_flag("--show-groups", o.show_groups, "Print every TP/CP/DP/PP rank group before simulating");
   run->add_flag("--no-fold", o.no_fold, "Simulate every rank instead of one per pipeline stage (slower)");
   run->add_flag("-q,--quiet", o.quiet, "Print no summary (errors still go to stderr)");

@@ -72,6 +72,18 @@ int sweep_command(const SweepOptions& o) {
     std::cout << fmt::format("  written: {0}/results.csv {0}/ranked.csv {0}/sweep.json {0}/report.html {0}/report.md\n",
                              o.out);
   }
+  // A SimGrid child that failed is an engine failure, not a property of the layout: the
+  // outputs keep its row (status error) and the exit code says something went wrong.
+  if (const int64_t failed = out.simgrid_errors(); failed > 0) {
+    for (const auto& r : out.simgrid)
+      if (r.status == "error") {
+        std::cerr << fmt::format("error: {} of {} re-simulated layouts failed in the SimGrid engine, e.g. {} {}: {}\n",
+                                 failed, out.simgrid.size(), r.cluster_label, sweep::layout_label(r.layout, r.micro_batch),
+                                 r.reason);
+        break;
+      }
+    return kExitFailure;
+  }
   return kExitOk;
 }
 
@@ -82,7 +94,7 @@ Command add_sweep_command(CLI::App& app) {
   SweepOptions& o = *opts;
   CLI::App* c = app.add_subcommand("sweep", "Evaluate every layout of a space (analytic), re-simulate the best (SimGrid)");
   c->add_option("spec", o.spec, "Sweep YAML file (model, training, clusters, space)")->required()->type_name("SWEEP.yaml");
-  c->add_option("-o,--out", o.out, "Output directory (journal, CSV, JSON, HTML, Markdown)")->required()->type_name("DIR");
+  c->add_option("-o,--out", o.out, "Output directory (journal, CSV, JSON, HTML, Markdown)")->required()->type_name("DIR")->check(output_path_check());
   c->add_flag("--resume", o.resume, "Continue an interrupted sweep in --out (rows already there are kept)");
   c->add_option("--shard", o.shard, "Run only shard i of N (layouts with id mod N == i); join with dtsim merge")
       ->type_name("i/N");

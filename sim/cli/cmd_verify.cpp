@@ -67,7 +67,7 @@ Command add_verify_command(CLI::App& app) {
                   "threads); the report is the same for every value")
       ->check(CLI::Range(0, 256));
   cmd->add_option("--json", o.json_path, "Also write the report as JSON to FILE (atomically; - for standard output)")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(output_path_check());
   cmd->add_flag("-q,--quiet", o.quiet, "Print no report (the exit code still tells)");
   return {cmd, [opts] { return verify_command(*opts); }};
 }

@@ -29,6 +29,13 @@ void require_input_file(const std::string& path);
 /// Throws InputError when `path` may not be written (reports/atomic_file.hpp: a device,
 /// FIFO, directory, dangling link or input file; "-" unless `allow_stdout`).
 void require_output_file(const std::string& path, const std::string& option, bool allow_stdout);
+/// CLI11 check for an option naming an output file or directory: an empty value
+/// (`--json ''`) is refused, not taken as "no output".
+inline CLI::Validator output_path_check() {
+  return CLI::Validator(
+      [](std::string& s) { return s.empty() ? std::string("an empty path names no file or directory") : std::string(); },
+      "", "output path");
+}
 /// Adds the repeatable `--set KEY=VALUE` option (experiment key overrides) to `cmd`: one
 /// value per flag, so `--set a=1 EXP.yaml` leaves the file positional.
 void add_set_option(CLI::App* cmd, std::vector<std::string>& sets,

@@ -75,25 +75,27 @@ std::vector<CollectiveTiming> simulate_collectives(const ClusterSpec& cluster, c
   std::map<int, std::vector<size_t>> batches;
   for (size_t i = 0; i < runs.size(); ++i) batches[runs[i].batch].push_back(i);
 
-  sg4::Actor::create("controller", p.hosts.front(), [&] {
+  simgrid_engine::ActorErrors errors;
+  sg4::Actor::create("controller", p.hosts.front(), errors.guard([&] {
     for (const auto& [id, idx] : batches) {
       std::vector<sg4::ActorPtr> actors;
       fp.alone = idx.size() == 1;  // nothing else on the fabric while this batch runs
       for (size_t i : idx) {
         const CollectiveRun& r = runs[i];
         actors.push_back(sg4::Actor::create(
-            "run" + std::to_string(i), p.hosts[static_cast<size_t>(r.members.front())], [&, i, fp] {
+            "run" + std::to_string(i), p.hosts[static_cast<size_t>(r.members.front())], errors.guard([&, i, fp] {
               const CollectiveRun& run = runs[i];
               const double t0 = sg4::Engine::get_clock();
               for (int64_t k = 0; k < run.repeat; ++k)
                 simgrid_engine::execute_collective(p, fp, run.members, run.op, run.bytes, &run.choice, &run.routing);
               timings[i].time_s = (sg4::Engine::get_clock() - t0) / static_cast<double>(run.repeat);
-            }));
+            })));
       }
       for (auto& a : actors) a->join();
     }
-  });
+  }));
   engine->run();
+  errors.rethrow();
   return timings;
 }
 

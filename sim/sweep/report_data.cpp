@@ -162,7 +162,11 @@ ReportData sweep_report(const SweepSpec& spec, const Outcome& o, const std::vect
   r.summary.push_back({"layouts", fmt::format("{} ({} valid, {} out of memory, {} invalid)", o.analytic.size(), ok, oom,
                                               invalid)});
   r.summary.push_back({"ranked by", to_string(spec.rank_by)});
-  r.summary.push_back({"re-simulated (SimGrid)", std::to_string(o.simgrid.size())});
+  const int64_t failed = o.simgrid_errors();
+  r.summary.push_back({"re-simulated (SimGrid)",
+                       failed == 0 ? std::to_string(o.simgrid.size())
+                                   : fmt::format("{} ({} failed: status error, reason in sweep.json)", o.simgrid.size(),
+                                                 failed)});
   if (!ranked.empty()) {
     const SweepRow& b = *ranked.front();
     r.summary.push_back({"best layout", b.cluster_label + ": " + layout_label(b.layout, b.micro_batch)});

@@ -120,7 +120,9 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
     throw InputError(fmt::format("--shard {}/{}: expected 0 <= i < N", opts.shard_index, opts.shard_count));
   std::error_code ec;
   const fs::path dir(opts.out_dir);
-  prepare_output_dir(opts.out_dir, "--out");  // created with its parents (the README's Slurm recipe)
+  // Created with its parents (the README's Slurm recipe); the files it will hold checked now.
+  prepare_output_dir(opts.out_dir, "--out",
+                     {"journal.jsonl", "results.csv", "ranked.csv", "sweep.json", "report.html", "report.md", "sweep.lock"});
   // Before the journal is looked at: a second sweep into this directory stops here.
   auto lock = std::make_shared<DirLock>(opts.out_dir);
 

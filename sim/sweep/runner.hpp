@@ -50,6 +50,12 @@ struct Outcome {
   int64_t points = 0;              // points of the shard
   int64_t resumed_rows = 0;        // rows found in the journal
   double wall_s = 0;
+  /// Re-simulated rows whose SimGrid child failed (status "error"; reason says how).
+  int64_t simgrid_errors() const {
+    int64_t n = 0;
+    for (const auto& r : simgrid) n += r.status == "error" ? 1 : 0;
+    return n;
+  }
 };
 
 /// Runs (or resumes) a sweep into opts.out_dir (created when missing; its parent must

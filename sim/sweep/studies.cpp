@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "models/checked.hpp"
+
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "sim/analytic_engine.hpp"
@@ -324,6 +326,7 @@ PlanOutcome run_plan(const PlanSpec& spec, int jobs, bool progress) {
     r.what = what;
     r.gpus = base.cluster.gpus();
     r.layout = layout_label(l, mb);
+    r.ok = true;
     r.step_time_s = est.step_time_s;
     r.mfu = est.mfu;
     if (est.tokens_per_s > 0) {
@@ -341,6 +344,14 @@ PlanOutcome run_plan(const PlanSpec& spec, int jobs, bool progress) {
   }
   for (double f : spec.node_factors) {
     const int64_t nodes = std::max<int64_t>(1, static_cast<int64_t>(std::llround(static_cast<double>(cc.base.cluster.nodes) * f)));
+    if (const auto gpus = checked::mul(nodes, cc.base.cluster.gpus_per_node); !gpus || *gpus > limits::kMaxGpus) {
+      SensitivityRow r;
+      r.what = fmt::format("nodes x {:g} ({} nodes)", f, nodes);
+      r.gpus = gpus.value_or(0);
+      r.layout = "beyond the " + checked::with_commas(limits::kMaxGpus) + "-GPU limit";
+      o.sensitivity.push_back(r);
+      continue;
+    }
     SweepSpec one = spec.sweep;
     one.clusters = {cc};
     one.clusters[0].base.cluster.nodes = nodes;
@@ -415,8 +426,9 @@ ReportData plan_report(const PlanSpec& spec, const PlanOutcome& o) {
   sens.caption = "Sensitivity of the chosen option (analytic engine)";
   sens.columns = {"change", "GPUs", "layout", "step time", "MFU", "days", "cost (USD)"};
   for (const auto& s : o.sensitivity)
-    sens.rows.push_back({s.what, std::to_string(s.gpus), s.layout, secs(s.step_time_s), fmt::format("{:.1f}%", s.mfu * 100),
-                         fmt::format("{:.1f}", s.days), fmt::format("{:.0f}", s.usd)});
+    sens.rows.push_back({s.what, std::to_string(s.gpus), s.layout, s.ok ? secs(s.step_time_s) : "-",
+                         s.ok ? fmt::format("{:.1f}%", s.mfu * 100) : "-", s.ok ? fmt::format("{:.1f}", s.days) : "-",
+                         s.ok ? fmt::format("{:.0f}", s.usd) : "-"});
   r.tables.push_back(sens);
 
   ScatterChart thr;

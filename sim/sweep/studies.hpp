@@ -48,7 +48,8 @@ struct PlanOption {
 struct SensitivityRow {
   std::string what;     // "NIC bandwidth x 0.5", "nodes x 2"
   int64_t gpus = 0;
-  std::string layout;
+  std::string layout;    // or why there is none ("no valid layout", the GPU limit)
+  bool ok = false;       // a layout was found: the figures below hold
   double step_time_s = 0, days = 0, usd = 0, mfu = 0;
 };
 

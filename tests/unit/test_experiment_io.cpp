@@ -2,6 +2,8 @@
 // (models/experiment_io.hpp). Every constraint has its own test checking the exact text.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -1168,13 +1170,15 @@ TEST(ExperimentIoHfMoe, DeepseekV3) {
   EXPECT_EQ(o.model.mla.kv_lora_rank, 512);
 }
 
-// A DeepSeek-V2/V3 style config.json of 6 layers with `extra` members added or replaced.
+// A DeepSeek-V2/V3 style config.json of 6 layers with `extra` members added or replaced (one
+// member of each name: a config.json with a key twice is an input error).
 std::string small_deepseek(const std::string& type, const std::string& extra) {
-  return R"({"model_type": ")" + type + R"(", "num_hidden_layers": 6, "hidden_size": 256,
+  nlohmann::json j = nlohmann::json::parse(R"({"model_type": ")" + type + R"(", "num_hidden_layers": 6, "hidden_size": 256,
     "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 32000,
     "hidden_act": "silu", "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-    "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32)" +
-         (extra.empty() ? std::string() : ", " + extra) + "}";
+    "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32})");
+  if (!extra.empty()) j.update(nlohmann::json::parse("{" + extra + "}"));
+  return j.dump();
 }
 
 TEST(ExperimentIoHfMoe, DeepseekRoutingAndLayers) {

@@ -158,7 +158,7 @@ TEST_F(OutputSafety, MissingParentsAreCreated) {
   write(dir_ / "file", "x");
   const Outcome bad = dtsim("run " + exp() + " -q --json " + quote((dir_ / "file" / "r.json").string()));
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find((dir_ / "file").string() + " is not a regular file, not a directory"), std::string::npos)
+  EXPECT_NE(bad.err.find((dir_ / "file").string() + " is a regular file, not a directory"), std::string::npos)
       << bad.err;
 }
 

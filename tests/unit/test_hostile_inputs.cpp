@@ -1,0 +1,157 @@
+// Inputs a hostile new user tried (stop 33's adversarial pass), each once a crash, a silent
+// default or a wrong result: now an input error naming the key or option and the constraint,
+// before any simulation.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.hpp"
+#include "models/errors.hpp"
+#include "models/experiment_io.hpp"
+#include "models/units.hpp"
+
+namespace dtsim {
+namespace {
+
+namespace fs = std::filesystem;
+using cli_test::shell_quote;
+
+const std::string kRoot = DTSIM_SOURCE_DIR;
+const std::string kLlama = kRoot + "/experiments/examples/llama3-8b-h100.yaml";
+const std::string kMixtral = kRoot + "/experiments/moe/mixtral-8x7b-h100.yaml";
+
+std::string problems_with(const std::string& file, const std::vector<std::string>& sets) {
+  try {
+    load_experiment(file, sets);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HostileInputs, AQuantityWhoseValueOverflowsIsRefused) {
+  // 1e300 GiB is a well-formed number and unit; in bytes it is beyond a double.
+  EXPECT_THROW(parse_bytes("1e300 GiB"), InputError);
+  EXPECT_THROW(parse_bandwidth("1e300 Tb/s"), InputError);
+  EXPECT_DOUBLE_EQ(parse_bytes("80 GiB"), 80.0 * (1 << 30));
+  const std::string p = problems_with(kLlama, {"cluster.hbm_reserve=1e300 GiB"});
+  EXPECT_NE(p.find("cluster.hbm_reserve=\"1e300 GiB\" is beyond the range of a size in bytes"), std::string::npos) << p;
+}
+
+TEST(HostileInputs, PhysicalValuesOutsideTheirStatedRangeAreRefused) {
+  // Each once reached SimGrid (an abort on a non-finite duration, or a step that never ended
+  // and was reported as a deadlock).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cluster.gpu.memory_efficiency=1e-320", "cluster.gpu.memory_efficiency="},
+      {"cluster.host_dispatch=1e308 s", "cluster.host_dispatch=1e+308 s is outside [0, 1] s"},
+      {"cluster.nic.bandwidth=1e-320 Gb/s", "cluster.nic.bandwidth="},
+      {"cluster.nvlink.latency=1e308 s", "cluster.nvlink.latency=1e+308 s is outside [0, 1] s"},
+      {"cluster.nic.latency=2 s", "cluster.nic.latency=2 s is outside [0, 1] s"},
+      {"cluster.nvlink.bandwidth=2 PB/s", "cluster.nvlink.bandwidth=2e+15 B/s is outside [1000, 1e+15] B/s"},
+      {"cluster.gpu.peak_fp8=1 FLOP/s", "cluster.gpu.peak_fp8=1 FLOP/s is outside [1e+09, 1e+18] FLOP/s (or 0)"},
+  };
+  for (const auto& [set, want] : cases) {
+    const std::string p = problems_with(kLlama, {set});
+    EXPECT_NE(p.find(want), std::string::npos) << set << ": " << p;
+    EXPECT_NE(p.find("models/checked.hpp"), std::string::npos) << set << ": " << p;
+  }
+  // Zero keeps its meaning where it has one (no FP8 tensor cores, no latency).
+  EXPECT_EQ(problems_with(kLlama, {"cluster.gpu.peak_fp8=0 FLOP/s", "cluster.nvlink.latency=0 s"}), "");
+}
+
+TEST(HostileInputs, ExpertTensorParallelZeroIsAnErrorNotTheDefault) {
+  const std::string p = problems_with(kMixtral, {"layout.etp=0"});
+  EXPECT_NE(p.find("layout.etp=0 must be >= 1 (or left out: = tp)"), std::string::npos) << p;
+}
+
+class HostileCli : public cli_test::CliTest {
+ protected:
+  HostileCli() : CliTest("dtsim-hostile") {}
+  /// The Llama-3 8B example and its config.json copied into dir_, the JSON edited by `edit`.
+  std::string llama_with_config(const std::function<void(std::string&)>& edit) const {
+    fs::copy_file(kLlama, dir_ / "exp.yaml");
+    std::ifstream in(kRoot + "/experiments/examples/llama3-8b.config.json");
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    edit(json);
+    std::ofstream(dir_ / "llama3-8b.config.json") << json;
+    return shell_quote((dir_ / "exp.yaml").string());
+  }
+};
+
+TEST_F(HostileCli, AConfigJsonKeyTwiceIsRefused) {
+  const std::string exp = llama_with_config([](std::string& j) {
+    const auto at = j.find("\"num_hidden_layers\"");
+    ASSERT_NE(at, std::string::npos);
+    j.insert(at, "\"num_hidden_layers\": 16, ");
+  });
+  const auto r = dtsim("run " + exp + " -q");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("has the key \"num_hidden_layers\" twice in one object"), std::string::npos) << r.err;
+}
+
+TEST_F(HostileCli, AConfigJsonWithoutAStringModelTypeIsRefused) {
+  for (const std::string& replacement : {std::string(""), std::string("\"model_type\": null, "),
+                                         std::string("\"model_type\": 5, ")}) {
+    fs::remove_all(dir_ / "exp.yaml");
+    const std::string exp = llama_with_config([&](std::string& j) {
+      nlohmann::json o = nlohmann::json::parse(j);
+      o.erase("model_type");
+      j = o.dump();
+      j.insert(1, replacement);
+    });
+    const auto r = dtsim("run " + exp + " -q");
+    EXPECT_EQ(r.code, 2) << replacement << r.err;
+    EXPECT_NE(r.err.find("model_type"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(HostileCli, TwoOutputsOnOnePathAndEmptyPathsAreRefused) {
+  const std::string exp = shell_quote(kLlama);
+  const std::string out = shell_quote((dir_ / "same.out").string());
+  const auto same = dtsim("run " + exp + " -q --json " + out + " --trace " + out);
+  EXPECT_EQ(same.code, 2) << same.err;
+  EXPECT_NE(same.err.find("name the same file"), std::string::npos) << same.err;
+  EXPECT_FALSE(fs::exists(dir_ / "same.out"));
+  for (const std::string& opt : {"run " + exp + " -q --json ''", "run " + exp + " -q --trace ''",
+                                 "verify " + exp + " --json ''"}) {
+    const auto r = dtsim(opt);
+    EXPECT_NE(r.code, 0) << opt;
+    EXPECT_NE(r.err.find("an empty path names no file or directory"), std::string::npos) << opt << ": " << r.err;
+  }
+}
+
+TEST_F(HostileCli, CollectiveSizesGpusAndFactorOutsideTheirRangeAreRefused) {
+  const auto huge = dtsim("collective --cluster dgx-h100 -g 8 -b 9223372036854775807 -e 9223372036854775807");
+  EXPECT_EQ(huge.code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("byte limit of one GPU's buffer"), std::string::npos) << huge.err;
+  const auto inf = dtsim("collective --cluster dgx-h100 -g 8 -f inf");
+  EXPECT_EQ(inf.code, 2) << inf.err;
+  EXPECT_NE(inf.err.find("--factor inf must be a finite number > 1"), std::string::npos) << inf.err;
+  for (const char* g : {"-g 0", "-g -1", "--nodes 0"}) {
+    const auto r = dtsim(std::string("collective --cluster dgx-h100 ") + g);
+    EXPECT_NE(r.code, 0) << g;
+    EXPECT_NE(r.err.find("not in range 1 to"), std::string::npos) << g << ": " << r.err;
+  }
+}
+
+TEST_F(HostileCli, ASweepWhoseOutputWouldReplaceItsInputStopsBeforeWorking) {
+  fs::create_directories(dir_ / "out");
+  fs::copy_file(kRoot + "/experiments/sweeps/llama3-70b-1024-h100.yaml", dir_ / "out" / "report.md");
+  const auto r = dtsim("sweep " + shell_quote((dir_ / "out" / "report.md").string()) + " -o " +
+                       shell_quote((dir_ / "out").string()));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("it is the input file"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "journal.jsonl"));  // nothing was started
+  const auto file = dtsim("sweep " + shell_quote((dir_ / "out" / "report.md").string()) + " -o " +
+                          shell_quote((dir_ / "out" / "report.md").string()));
+  EXPECT_NE(file.err.find("a regular file, not a directory"), std::string::npos) << file.err;
+}
+
+}  // namespace
+}  // namespace dtsim
