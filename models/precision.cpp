@@ -11,94 +11,69 @@ namespace dtsim {
 
 namespace {
 
-// The registry: one row per recipe (sources in models/precision.hpp).
+// The registry: one row per recipe (sources in models/precision.hpp). Fields left out keep
+// PrecisionRecipe's defaults (no block scaling, FP32 scales, no amax pass, no MX hardware).
 const std::vector<PrecisionRecipe>& registry() {
-  static const std::vector<PrecisionRecipe> v = [] {
-    std::vector<PrecisionRecipe> r;
-    {
-      PrecisionRecipe p;
-      p.id = Precision::bf16;
-      p.name = "bf16";
-      p.megatron = "--bf16";
-      p.gemm_dtype = Dtype::bf16;
-      p.element_bytes = 2.0;
-      p.scale_bytes = 0;
-      p.source = "BF16 mixed precision (Megatron-LM --bf16)";
-      r.push_back(p);
-    }
-    {
-      PrecisionRecipe p;
-      p.id = Precision::fp8_delayed;
-      p.name = "fp8-delayed";
-      p.megatron = "--fp8-format hybrid --fp8-recipe delayed";
-      p.gemm_dtype = Dtype::fp8;
-      p.element_bytes = 1.0;  // E4M3 / E5M2
-      p.block = 0;            // one FP32 scale per tensor, from the amax history
-      p.scale_bytes = 4.0;
-      p.amax_pass = false;    // the cast records this tensor's amax for later steps
-      p.source = "Transformer Engine recipe.DelayedScaling (Micikevicius et al. 2022, arXiv 2209.05433)";
-      r.push_back(p);
-    }
-    {
-      PrecisionRecipe p;
-      p.id = Precision::fp8_current;
-      p.name = "fp8-current";
-      p.megatron = "--fp8-format hybrid --fp8-recipe tensorwise";
-      p.gemm_dtype = Dtype::fp8;
-      p.element_bytes = 1.0;
-      p.block = 0;
-      p.scale_bytes = 4.0;
-      p.amax_pass = true;  // amax of this tensor first (TE Float8CurrentScalingQuantizer)
-      p.source = "Transformer Engine recipe.Float8CurrentScaling";
-      r.push_back(p);
-    }
-    {
-      PrecisionRecipe p;
-      p.id = Precision::fp8_block;
-      p.name = "fp8-block";
-      p.megatron = "--fp8-format e4m3 --fp8-recipe blockwise";
-      p.gemm_dtype = Dtype::fp8;
-      p.element_bytes = 1.0;
-      p.block = 128;                 // 1 x 128 activation / gradient tiles
-      p.weight_block = 128.0 * 128;  // 128 x 128 weight blocks
-      p.scale_bytes = 4.0;           // FP32 scales (DeepSeek-V3 Sec 3.3.2)
-      p.source = "DeepSeek-V3 fine-grained quantization (arXiv 2412.19437 Sec 3.3.2); Transformer Engine "
-                 "recipe.Float8BlockScaling";
-      r.push_back(p);
-    }
-    {
-      PrecisionRecipe p;
-      p.id = Precision::mxfp8;
-      p.name = "mxfp8";
-      p.megatron = "--fp8-format e4m3 --fp8-recipe mxfp8";
-      p.gemm_dtype = Dtype::fp8;
-      p.element_bytes = 1.0;
-      p.block = 32;          // OCP Microscaling Formats (MX) v1.0 spec: k = 32
-      p.weight_block = 32;
-      p.scale_bytes = 1.0;   // E8M0
-      p.needs_microscaling = true;
-      p.source = "OCP Microscaling Formats (MX) Specification v1.0 Sec 5 (MXFP8, block 32, E8M0 scale); "
-                 "Transformer Engine recipe.MXFP8BlockScaling";
-      r.push_back(p);
-    }
-    {
-      PrecisionRecipe p;
-      p.id = Precision::nvfp4;
-      p.name = "nvfp4";
-      p.megatron = "--fp4-format e2m1 --fp4-recipe nvfp4";
-      p.gemm_dtype = Dtype::fp4;
-      p.element_bytes = 0.5;          // E2M1
-      p.block = 16;                   // 1 x 16 blocks
-      p.weight_block = 16.0 * 16;     // 16 x 16 weight blocks
-      p.scale_bytes = 1.0;            // E4M3 block scale (plus one FP32 per tensor)
-      p.amax_pass = true;             // the per-tensor FP32 scale needs the tensor's amax
-      p.needs_microscaling = true;
-      p.source = "NVIDIA, Pretraining LLMs with NVFP4 (arXiv 2509.25149 Sec 2-4); Transformer Engine "
-                 "recipe.NVFP4BlockScaling (docs/features/low_precision_training/nvfp4/nvfp4.rst)";
-      r.push_back(p);
-    }
-    return r;
-  }();
+  static const std::vector<PrecisionRecipe> v = {
+      {.id = Precision::bf16,
+       .name = "bf16",
+       .megatron = "--bf16",
+       .gemm_dtype = Dtype::bf16,
+       .element_bytes = 2.0,
+       .scale_bytes = 0,
+       .source = "BF16 mixed precision (Megatron-LM --bf16)"},
+      {.id = Precision::fp8_delayed,
+       .name = "fp8-delayed",
+       .megatron = "--fp8-format hybrid --fp8-recipe delayed",
+       .gemm_dtype = Dtype::fp8,
+       .element_bytes = 1.0,  // E4M3 / E5M2
+       .block = 0,            // one FP32 scale per tensor, from the amax history
+       .scale_bytes = 4.0,
+       .amax_pass = false,  // the cast records this tensor's amax for later steps
+       .source = "Transformer Engine recipe.DelayedScaling (Micikevicius et al. 2022, arXiv 2209.05433)"},
+      {.id = Precision::fp8_current,
+       .name = "fp8-current",
+       .megatron = "--fp8-format hybrid --fp8-recipe tensorwise",
+       .gemm_dtype = Dtype::fp8,
+       .element_bytes = 1.0,
+       .block = 0,
+       .scale_bytes = 4.0,
+       .amax_pass = true,  // amax of this tensor first (TE Float8CurrentScalingQuantizer)
+       .source = "Transformer Engine recipe.Float8CurrentScaling"},
+      {.id = Precision::fp8_block,
+       .name = "fp8-block",
+       .megatron = "--fp8-format e4m3 --fp8-recipe blockwise",
+       .gemm_dtype = Dtype::fp8,
+       .element_bytes = 1.0,
+       .block = 128,                 // 1 x 128 activation / gradient tiles
+       .weight_block = 128.0 * 128,  // 128 x 128 weight blocks
+       .scale_bytes = 4.0,           // FP32 scales (DeepSeek-V3 Sec 3.3.2)
+       .source = "DeepSeek-V3 fine-grained quantization (arXiv 2412.19437 Sec 3.3.2); Transformer Engine "
+                 "recipe.Float8BlockScaling"},
+      {.id = Precision::mxfp8,
+       .name = "mxfp8",
+       .megatron = "--fp8-format e4m3 --fp8-recipe mxfp8",
+       .gemm_dtype = Dtype::fp8,
+       .element_bytes = 1.0,
+       .block = 32,  // OCP Microscaling Formats (MX) v1.0 spec: k = 32
+       .weight_block = 32,
+       .scale_bytes = 1.0,  // E8M0
+       .needs_microscaling = true,
+       .source = "OCP Microscaling Formats (MX) Specification v1.0 Sec 5 (MXFP8, block 32, E8M0 scale); "
+                 "Transformer Engine recipe.MXFP8BlockScaling"},
+      {.id = Precision::nvfp4,
+       .name = "nvfp4",
+       .megatron = "--fp4-format e2m1 --fp4-recipe nvfp4",
+       .gemm_dtype = Dtype::fp4,
+       .element_bytes = 0.5,       // E2M1
+       .block = 16,                // 1 x 16 blocks
+       .weight_block = 16.0 * 16,  // 16 x 16 weight blocks
+       .scale_bytes = 1.0,         // E4M3 block scale (plus one FP32 per tensor)
+       .amax_pass = true,          // the per-tensor FP32 scale needs the tensor's amax
+       .needs_microscaling = true,
+       .source = "NVIDIA, Pretraining LLMs with NVFP4 (arXiv 2509.25149 Sec 2-4); Transformer Engine "
+                 "recipe.NVFP4BlockScaling (docs/features/low_precision_training/nvfp4/nvfp4.rst)"},
+  };
   return v;
 }
 

@@ -429,25 +429,23 @@ namespace {
 
 // sweep and plan print the chosen layout as Megatron-LM flags; the flags import back to it.
 TEST_F(MegatronCli, SweepAndPlanPrintTheChosenLayoutsFlags) {
-  const fs::path plan = kRoot / "experiments" / "sweeps" / "plan-llama3-70b.yaml";
-  const cli_test::Outcome p = dtsim("plan " + cli_test::shell_quote(plan.string()) + " -o " +
-                                    cli_test::shell_quote((dir_ / "plan").string()));
-  ASSERT_EQ(p.code, 0) << p.err;
-  const size_t at = p.out.find("  megatron_args: --tensor-model-parallel-size ");
-  ASSERT_NE(at, std::string::npos) << p.out;
-  const std::string line = p.out.substr(at + 17, p.out.find('\n', at) - at - 17);
+  // Runs `command FILE [extra] -o DIR`, returns the flags after "megatron_args: " on stdout.
+  const auto printed_flags = [&](const std::string& command, const std::string& file, const std::string& extra,
+                                 const fs::path& out) {
+    const cli_test::Outcome r = dtsim(command + " " + cli_test::shell_quote((kRoot / "experiments" / "sweeps" / file).string()) +
+                                      extra + " -o " + cli_test::shell_quote(out.string()));
+    EXPECT_EQ(r.code, 0) << r.err;
+    const size_t at = r.out.find("  megatron_args: --tensor-model-parallel-size ");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    return at == std::string::npos ? std::string() : r.out.substr(at + 17, r.out.find('\n', at) - at - 17);
+  };
+  const std::string line = printed_flags("plan", "plan-llama3-70b.yaml", "", dir_ / "plan");
   const auto j = nlohmann::json::parse(cli_test::read_file(dir_ / "plan" / "plan.json"));
   const auto& chosen = j.at("options").at(j.at("chosen").get<size_t>());
   EXPECT_EQ(chosen.at("megatron_args").get<std::string>(), line);
   EXPECT_NE(cli_test::read_file(dir_ / "plan" / "report.md").find("Megatron"), std::string::npos);
 
-  const fs::path sweep = kRoot / "experiments" / "sweeps" / "gpt-2.7b-32-a100.yaml";
-  const cli_test::Outcome s = dtsim("sweep " + cli_test::shell_quote(sweep.string()) + " --refine-top 0 -o " +
-                                    cli_test::shell_quote((dir_ / "sweep").string()));
-  ASSERT_EQ(s.code, 0) << s.err;
-  const size_t sat = s.out.find("  megatron_args: --tensor-model-parallel-size ");
-  ASSERT_NE(sat, std::string::npos) << s.out;
-  const std::string sline = s.out.substr(sat + 17, s.out.find('\n', sat) - sat - 17);
+  const std::string sline = printed_flags("sweep", "gpt-2.7b-32-a100.yaml", " --refine-top 0", dir_ / "sweep");
   const auto sj = nlohmann::json::parse(cli_test::read_file(dir_ / "sweep" / "sweep.json"));
   EXPECT_EQ(sj.at("best_megatron_args").get<std::string>(), sline);
 }
