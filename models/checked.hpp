@@ -152,6 +152,13 @@ inline constexpr double kMaxMemoryBytes = 1125899906842624.0;  // 2^50
 inline constexpr const char* kPhysicalWhy =
     "orders of magnitude beyond any GPU, link or host (models/checked.hpp), so that every derived time stays finite";
 
+/// A plan's training tokens: at most 1e16, about 300 times the largest published
+/// pre-training runs (Qwen3: 36 trillion tokens, Qwen3 Technical Report, arXiv 2505.09388).
+inline constexpr double kMaxTrainingTokens = 1e16;
+/// Price of one GPU-hour (USD): at most 10,000, a thousand times the on-demand price of the
+/// dearest cloud GPU instances (about 10 USD per GPU-hour), so that costs stay readable numbers.
+inline constexpr double kMaxPricePerGpuHour = 1e4;
+
 /// Sizes of one `dtsim collective` sweep (--min-bytes .. --max-bytes by --factor): each
 /// size is one simulated collective; nccl-tests' default sweep (-b 8 -e 8G -f 2) has 31.
 inline constexpr int64_t kMaxCollectiveSizes = 1000;

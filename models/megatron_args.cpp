@@ -966,7 +966,13 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
                    " layers are not a whole number of such stages on " + num(pp) + " pipeline ranks; use "
                    "--num-virtual-stages-per-pipeline-rank");
   }
-  if (auto v = r.integer("--num-virtual-stages-per-pipeline-rank", 1)) vp = *v;
+  if (auto v = r.integer("--num-virtual-stages-per-pipeline-rank", 1)) {
+    vp = *v;
+    // validate_args computes vp from layers per stage only when stages per rank is not given.
+    if (r.has("--num-layers-per-virtual-pipeline-stage"))
+      out.notes.push_back("--num-layers-per-virtual-pipeline-stage ignored: --num-virtual-stages-per-pipeline-rank "
+                          "sets vp (Megatron-LM validate_args uses it first)");
+  }
   if (auto v = r.integer("--virtual-pipeline-model-parallel-size", 1)) vp = *v;
   if (vp > 1) layout["vp"] = vp;
   layout["cp"] = r.integer("--context-parallel-size", 1).value_or(1);
@@ -984,10 +990,17 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
     auto it = std::find(strategies.begin(), strategies.end(), s);
     if (it == strategies.end()) r.problem("--data-parallel-sharding-strategy " + text::quote(s) + ": expected one of " + text::join(strategies));
     else zero = static_cast<int>(it - strategies.begin());
+    if (r.has("--use-distributed-optimizer"))
+      out.notes.push_back("--use-distributed-optimizer with FSDP: the sharding strategy sets zero_stage " +
+                          std::to_string(zero));
   }
   layout["zero_stage"] = zero;
   std::string recompute = r.has("--recompute-activations") ? "selective" : "none";
   if (auto g = r.choice("--recompute-granularity", {"full", "selective"})) recompute = *g;
+  // validate_args: "recompute method is not yet supported for selective recomputing granularity".
+  if (recompute == "selective" && r.has("--recompute-method"))
+    r.problem("--recompute-method " + r.str("--recompute-method") + " with selective recomputation: Megatron-LM's "
+              "validate_args refuses it (recompute method is not yet supported for selective recomputing granularity)");
   if (recompute == "full") {
     const auto method = r.choice("--recompute-method", {"uniform", "block"});
     if (method && *method == "block")
@@ -1011,7 +1024,9 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   // The precision recipe (models/precision.hpp): --fp8-format / --fp4-format switch it on,
   // --fp8-recipe (default delayed) / --fp4-recipe (default nvfp4) pick it (transformer_config.py).
   std::string precision = "bf16";
-  if (r.has("--fp16")) out.notes.push_back("--fp16: timed as bf16 (the same tensor-core rate)");
+  // validate_args: "if args.bf16: assert not args.fp16".
+  if (r.has("--fp16") && r.has("--bf16")) r.problem("--bf16 and --fp16: Megatron-LM's validate_args allows one of them");
+  else if (r.has("--fp16")) out.notes.push_back("--fp16: timed as bf16 (the same tensor-core rate)");
   if (!r.has("--bf16") && !r.has("--fp16")) out.notes.push_back("no --bf16 / --fp16: Megatron-LM trains in fp32; timed as bf16");
   const auto fp8 = r.choice("--fp8-format", {"e4m3", "hybrid"});
   const auto fp8_recipe = r.choice("--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise", "custom"});

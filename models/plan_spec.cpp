@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/input_files.hpp"
 
@@ -49,10 +50,15 @@ PlanSpec parse_plan_spec(const std::string& yaml_text, const std::string& source
     p.throw_if_any();
   for (const char* k : {"model", "training", "tokens", "candidates"})
     if (!root[k]) p.add(std::string(k) + " is required");
-  if (root["title"]) ps.title = root["title"].as<std::string>("");
+  if (root["title"]) {
+    if (root["title"].IsScalar()) ps.title = root["title"].as<std::string>("");
+    else p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
+  }
   if (root["tokens"]) {
     if (auto v = number(root["tokens"], "tokens", p)) {
-      if (!(*v > 0)) p.add("tokens=" + root["tokens"].Scalar() + " must be > 0 (total training tokens)");
+      if (!(*v >= 1 && *v <= limits::kMaxTrainingTokens))
+        p.add("tokens=" + root["tokens"].Scalar() + " must be in [1, 1e16] (total training tokens; 1e16 is about 300 "
+              "times the largest published pre-training run, models/checked.hpp)");
       else ps.tokens = *v;
     }
   }
@@ -149,7 +155,8 @@ PlanSpec parse_plan_spec(const std::string& yaml_text, const std::string& source
       PlanCandidate pc;
       if (!c["price_per_gpu_hour"]) p.add(where + ".price_per_gpu_hour is required (USD per GPU-hour)");
       else if (auto v = number(c["price_per_gpu_hour"], where + ".price_per_gpu_hour", p)) {
-        if (!(*v > 0)) p.add(where + ".price_per_gpu_hour must be > 0 (USD)");
+        if (!(*v > 0 && *v <= limits::kMaxPricePerGpuHour))
+          p.add(where + ".price_per_gpu_hour must be in (0, 10000] USD (models/checked.hpp)");
         else pc.price_per_gpu_hour = *v;
       }
       c.remove("price_per_gpu_hour");

@@ -178,8 +178,9 @@ IntChoice parse_int_choice(const YAML::Node& n, const std::string& path, Problem
     }
     auto a = integer(from, path + ".from", p), b = integer(to, path + ".to", p);
     const std::optional<int64_t> s = step ? integer(step, path + ".step", p) : std::optional<int64_t>(1);
-    const int64_t fv = factor ? integer(factor, path + ".factor", p).value_or(0) : 2;
-    if (!a || !b || !s || (factor && fv == 0)) return c;
+    const std::optional<int64_t> f = factor ? integer(factor, path + ".factor", p) : std::optional<int64_t>(2);
+    if (!a || !b || !s || !f) return c;  // a non-integer has its message
+    const int64_t fv = *f;
     if (*a < min_value) p.add(path + ".from=" + std::to_string(*a) + " must be >= " + std::to_string(min_value));
     if (*b < *a) p.add(path + ".to=" + std::to_string(*b) + " must be >= from=" + std::to_string(*a));
     if (!factor && *s < 1) p.add(path + ".step=" + std::to_string(*s) + " must be >= 1");
@@ -447,7 +448,10 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
   if (kind == SpecKind::compare) keys.push_back("layout");
   if (!check_keys(root, "", keys, p)) p.throw_if_any();
 
-  if (root["title"]) spec.title = value_text(root["title"]);
+  if (root["title"]) {
+    if (root["title"].IsScalar()) spec.title = value_text(root["title"]);
+    else p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
+  }
   for (const char* k : {"model", "training", "clusters"})
     if (!root[k]) p.add(std::string(k) + " is required");
   const YAML::Node model = root["model"], training = root["training"];
@@ -554,7 +558,9 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
       double price = 0;
       if (c["price_per_gpu_hour"]) {
         if (auto v = number(c["price_per_gpu_hour"], where + ".price_per_gpu_hour", p)) {
-          if (*v < 0) p.add(where + ".price_per_gpu_hour=" + value_text(c["price_per_gpu_hour"]) + " must be >= 0 (USD)");
+          if (*v < 0 || *v > limits::kMaxPricePerGpuHour)
+            p.add(where + ".price_per_gpu_hour=" + value_text(c["price_per_gpu_hour"]) +
+                  " must be in [0, 10000] USD (models/checked.hpp)");
           else price = *v;
         }
         c.remove("price_per_gpu_hour");

@@ -118,11 +118,13 @@ Command add_import_command(CLI::App& app) {
       ->required()
       ->type_name("SCRIPT|-- ARGS");
   m->add_option("-o,--out", o.out, "Experiment file to write (default: standard output)")->type_name("OUT.yaml")->check(output_path_check());
-  m->add_option("--node", o.node, "Node preset of the cluster (cluster.node), e.g. dgx-h100")->type_name("PRESET");
+  CLI::Option* node =
+      m->add_option("--node", o.node, "Node preset of the cluster (cluster.node), e.g. dgx-h100")->type_name("PRESET");
   m->add_option("--nodes", o.nodes, "Node count (default: the cluster file's, else torchrun --nnodes)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   m->add_option("--cluster", o.cluster, "Copy the cluster: section of this YAML file (an experiment)")
-      ->type_name("FILE.yaml");
+      ->type_name("FILE.yaml")
+      ->excludes(node);  // one source for the node type
   add_set_option(m, o.sets, "Set a key of the output, e.g. --set model.vocab=128256 (repeatable)");
   m->add_flag("-q,--quiet", o.quiet, "No report on standard error");
   return {c, [opts] { return import_command(*opts); }};

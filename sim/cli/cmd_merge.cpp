@@ -33,8 +33,11 @@ int merge_command(const MergeOptions& o) {
     throw InputError(m.spec_path + ": changed since the shards ran (fingerprint " + spec.fingerprint + ", shards " +
                      m.fingerprint + "): run the sweep again");
   prepare_output_dir(o.out, "--out", {"results.csv", "ranked.csv", "sweep.json", "report.html", "report.md"});
-  // Writing into a shard would replace that shard's own results.
+  // Writing into a shard, or any directory holding a sweep, would replace that sweep's own
+  // results and leave its journal beside another sweep's outputs.
   std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(o.out) / "journal.jsonl", ec))
+    throw InputError("--out " + o.out + ": holds a sweep (journal.jsonl); merge into a new directory");
   for (const auto& d : o.shards)
     if (std::filesystem::equivalent(d, o.out, ec))
       throw InputError("--out " + o.out + ": is the shard directory " + d + " (choose a new directory)");

@@ -607,6 +607,9 @@ Merged merge_shards(const std::vector<std::string>& dirs) {
   std::vector<JournalContents> js;
   for (const auto& d : dirs) js.push_back(read_journal(d + "/journal.jsonl", false));
   const JournalHeader& h0 = js.front().header;
+  RankBy by = RankBy::step_time;
+  if (h0.rank_by == "tokens_per_s_per_gpu") by = RankBy::tokens_per_s_per_gpu;
+  else if (h0.rank_by == "cost") by = RankBy::cost;
   std::set<int64_t> seen;
   std::vector<std::string> problems;
   for (size_t i = 0; i < js.size(); ++i) {
@@ -623,10 +626,28 @@ Merged merge_shards(const std::vector<std::string>& dirs) {
       problems.push_back(fmt::format("{}: shard {}/{} is given twice", where, h.shard_index, h.shard_count));
     int64_t n_an = 0;
     for (const auto& r : js[i].rows) n_an += r.engine == "analytic" ? 1 : 0;
-    if (n_an != h.points)
+    if (n_an != h.points) {
       problems.push_back(fmt::format("{}: shard {}/{} is incomplete ({} of {} layouts): finish it with dtsim sweep "
                                      "--resume",
                                      where, h.shard_index, h.shard_count, n_an, h.points));
+      continue;
+    }
+    // Its refinement too: run_sweep re-simulates the shard's best refine_top valid layouts
+    // after the analytic pass, and a shard killed in between has rows for only some of them.
+    std::vector<SweepRow> shard_analytic;
+    std::set<int64_t> refined;
+    for (const auto& r : js[i].rows) {
+      if (r.engine == "analytic") shard_analytic.push_back(r);
+      else refined.insert(r.id);
+    }
+    const std::vector<size_t> order = ranking(shard_analytic, by);
+    int64_t want = 0, have = 0;
+    for (size_t k = 0; k < order.size() && static_cast<int64_t>(k) < h.refine_top; ++k, ++want)
+      have += refined.count(shard_analytic[order[k]].id) ? 1 : 0;
+    if (have != want)
+      problems.push_back(fmt::format("{}: shard {}/{} is incomplete ({} of {} SimGrid re-simulations): finish it with "
+                                     "dtsim sweep --resume",
+                                     where, h.shard_index, h.shard_count, have, want));
   }
   for (int64_t i = 0; i < h0.shard_count; ++i)
     if (!seen.count(i)) problems.push_back(fmt::format("shard {}/{} is missing", i, h0.shard_count));
@@ -639,9 +660,6 @@ Merged merge_shards(const std::vector<std::string>& dirs) {
   for (auto& [id, r] : analytic) o.analytic.push_back(r);
   o.points = static_cast<int64_t>(o.analytic.size());
   // Keep the SimGrid rows of the global top refine_top (what an unsharded run refines).
-  RankBy by = RankBy::step_time;
-  if (h0.rank_by == "tokens_per_s_per_gpu") by = RankBy::tokens_per_s_per_gpu;
-  else if (h0.rank_by == "cost") by = RankBy::cost;
   const std::vector<size_t> order = ranking(o.analytic, by);
   std::set<int64_t> top;
   for (size_t i = 0; i < order.size() && static_cast<int64_t>(i) < h0.refine_top; ++i) top.insert(o.analytic[order[i]].id);

@@ -153,5 +153,52 @@ TEST_F(HostileCli, ASweepWhoseOutputWouldReplaceItsInputStopsBeforeWorking) {
   EXPECT_NE(file.err.find("a regular file, not a directory"), std::string::npos) << file.err;
 }
 
+TEST_F(HostileCli, SpecFilesOutOfRangeAreRefused) {
+  const std::string sweep = cli_test::read_file(kRoot + "/experiments/sweeps/gpt-2.7b-32-a100.yaml");
+  const std::string plan = cli_test::read_file(kRoot + "/experiments/sweeps/plan-llama3-70b.yaml");
+  // Each: the spec text, its kind, a line replaced (key prefix -> new line), the expected message.
+  struct Case {
+    const std::string* text;
+    const char* command;
+    const char* prefix;
+    const char* line;
+    const char* want;
+  };
+  const std::vector<Case> cases = {
+      {&sweep, "sweep", "  tp:", "  tp: {from: 1, to: 8, factor: 0}", "space.tp.factor=0 must be >= 2"},
+      {&sweep, "sweep", "title:", "title: [1]", "title must be a single line of text (got a list)"},
+      {&plan, "plan", "tokens:", "tokens: 1e300", "tokens=1e300 must be in [1, 1e16]"},
+  };
+  for (const auto& c : cases) {
+    std::string text = *c.text;
+    const auto at = text.find(std::string("\n") + c.prefix);
+    ASSERT_NE(at, std::string::npos) << c.prefix;
+    const auto end = text.find('\n', at + 1);
+    text.replace(at + 1, end - at - 1, c.line);
+    const fs::path f = dir_ / (std::string(c.command) + ".yaml");
+    std::ofstream(f) << text;
+    const auto r = dtsim(std::string(c.command) + " " + shell_quote(f.string()) + " -q -o " +
+                         shell_quote((dir_ / "out").string()));
+    EXPECT_EQ(r.code, 2) << c.line << ": " << r.err;
+    EXPECT_NE(r.err.find(c.want), std::string::npos) << c.line << ": " << r.err;
+  }
+}
+
+TEST_F(HostileCli, MergeNeverWritesIntoADirectoryHoldingASweep) {
+  const std::string spec = shell_quote(kRoot + "/experiments/sweeps/gpt-2.7b-32-a100.yaml");
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(dtsim("sweep " + spec + " -q --refine-top 0 --shard " + std::to_string(i) + "/2 -o " +
+                    shell_quote((dir_ / std::to_string(i)).string()))
+                  .code,
+              0);
+  fs::create_directories(dir_ / "other");
+  fs::copy_file(dir_ / "0" / "journal.jsonl", dir_ / "other" / "journal.jsonl");
+  const auto r = dtsim("merge " + shell_quote((dir_ / "0").string()) + " " + shell_quote((dir_ / "1").string()) +
+                       " -q -o " + shell_quote((dir_ / "other").string()));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds a sweep (journal.jsonl); merge into a new directory"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "other" / "results.csv"));
+}
+
 }  // namespace
 }  // namespace dtsim

@@ -182,6 +182,13 @@ TEST(MegatronImport, BadValuesAndMissingInputsAreErrors) {
   a = kSmall;
   a.insert(a.end(), {"--num-layers", "many"});
   EXPECT_NE(problems(a).find("--num-layers \"many\": expected an integer"), std::string::npos);
+  // What Megatron-LM's validate_args asserts against (megatron/training/arguments.py).
+  a = kSmall;
+  a.insert(a.end(), {"--fp16"});
+  EXPECT_NE(problems(a).find("--bf16 and --fp16: Megatron-LM's validate_args allows one of them"), std::string::npos);
+  a = kSmall;
+  a.insert(a.end(), {"--recompute-granularity", "selective", "--recompute-method", "block", "--recompute-num-layers", "2"});
+  EXPECT_NE(problems(a).find("--recompute-method block with selective recomputation"), std::string::npos);
   a = {"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "2048",
        "--tokenizer-type", "HuggingFaceTokenizer"};
   EXPECT_NE(problems(a).find("add --vocab-size N to the flags or --set model.vocab=N"), std::string::npos);

@@ -345,6 +345,27 @@ TEST_F(SweepJournal, ShardsMergeToTheUnshardedResult) {
   }
   EXPECT_THROW(sweep::merge_shards({shards[0], shards[1]}), InputError);  // shard 2/3 missing
   EXPECT_THROW(sweep::merge_shards({shards[0], shards[0], shards[1], shards[2]}), InputError);  // repeated
+  {  // Shard 0 as a kill after its analytic pass leaves it: every layout, none re-simulated.
+    const fs::path cut = dir_ / "shard0-cut";
+    fs::create_directories(cut);
+    std::ifstream in(fs::path{shards[0]} / "journal.jsonl");
+    std::ofstream out(cut / "journal.jsonl");
+    int dropped = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"simgrid\"") != std::string::npos) ++dropped;
+      else out << line << "\n";
+    }
+    out.close();
+    ASSERT_GT(dropped, 0);
+    try {
+      sweep::merge_shards({cut.string(), shards[1], shards[2]});
+      ADD_FAILURE() << "a shard without its SimGrid re-simulations was merged";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("is incomplete (0 of " + std::to_string(dropped) + " SimGrid re-simulations)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   const sweep::Merged m = sweep::merge_shards(shards);
   EXPECT_EQ(m.fingerprint, spec.fingerprint);
   fs::create_directories(merged);
