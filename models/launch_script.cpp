@@ -652,6 +652,18 @@ LaunchCommand read_launch_script(const std::string& text, const std::string& sou
   int launch_line = 0, launches = 0;
   auto active = [&] { return stack.empty() || stack.back().active; };
   auto where = [&](int line) { return source + ":" + std::to_string(line); };
+  // A variable (or the command) may not grow past 1 MiB of text: a launch command is a few
+  // kilobytes, and a script doubling a variable line by line (X1="$X0 $X0", ...) reaches
+  // gigabytes in thirty lines.
+  constexpr size_t kMaxExpandedBytes = size_t{1} << 20;
+  auto check_expanded_size = [&](const std::string& name, const std::vector<std::string>& items, int line) {
+    size_t bytes = 0;
+    for (const auto& i : items) bytes += i.size() + 1;
+    if (bytes > kMaxExpandedBytes)
+      throw InputError(where(line) + ": " + (name.empty() ? std::string("the command") : "variable " + name) +
+                       " expands to more than 1 MiB of text (" + std::to_string(bytes) +
+                       " bytes): a launch command is a few kilobytes");
+  };
 
   for (size_t si = 0; si < statements.size(); ++si) {
     const Statement& st = statements[si];
@@ -738,6 +750,7 @@ LaunchCommand read_launch_script(const std::string& text, const std::string& sou
       }
       for (const auto& r : items_raw)
         for (auto& f : sh.expand(r, true)) v.items.push_back(f);
+      check_expanded_size(head->name, v.items, st.line);
       v.unresolved.insert(sh.touched.begin(), sh.touched.end());
       sh.vars[head->name] = v;
       continue;
@@ -755,6 +768,7 @@ LaunchCommand read_launch_script(const std::string& text, const std::string& sou
           Var& v = sh.vars[h.name];
           if (h.append && !v.items.empty()) v.items.front() += val;
           else v.items = {val};
+          check_expanded_size(h.name, v.items, st.line);
           if (!h.append) v.unresolved.clear();
           v.unresolved.insert(sh.touched.begin(), sh.touched.end());
         }
@@ -771,6 +785,7 @@ LaunchCommand read_launch_script(const std::string& text, const std::string& sou
     std::vector<std::string> words;
     for (const auto& r : w)
       for (auto& f : sh.expand(r, true)) words.push_back(f);
+    check_expanded_size("", words, st.line);
     LaunchCommand c = launch_from_words(words);
     if (c.script.empty()) continue;  // e.g. `python -c ...`, `python3 tools/x` without a .py
     ++launches;

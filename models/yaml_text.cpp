@@ -121,6 +121,27 @@ std::optional<size_t> unterminated_quoted_scalar(const YAML::Node& n, const std:
   return std::nullopt;
 }
 
+/// Nodes of `n` with every alias expanded (each use of an anchor counts its nodes again),
+/// counting stops past `cap`. yaml-cpp shares an anchored node between its aliases, so ten
+/// nested anchors of nine aliases each are 359 bytes of text and 9^10 nodes to any walk.
+size_t expanded_nodes(const YAML::Node& n, size_t cap, size_t count = 0) {
+  ++count;
+  if (count > cap) return count;
+  if (n.IsSequence()) {
+    for (const auto& child : n)
+      if ((count = expanded_nodes(child, cap, count)) > cap) return count;
+  } else if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if ((count = expanded_nodes(kv.first, cap, count)) > cap) return count;
+      if ((count = expanded_nodes(kv.second, cap, count)) > cap) return count;
+    }
+  }
+  return count;
+}
+
+/// Nodes an input file may expand to: the largest shipped file has a few thousand.
+constexpr size_t kMaxExpandedNodes = 1'000'000;
+
 [[noreturn]] void fail_at(const std::string& source, int line, int column, const std::string& what) {
   throw InputError((source.empty() ? std::string() : source + ": ") + "invalid YAML at line " + std::to_string(line + 1) + ", column " +
                    std::to_string(column + 1) + ": " + what);
@@ -152,6 +173,11 @@ YAML::Node load_yaml_document(const std::string& text, const std::string& source
     throw InputError((source.empty() ? std::string() : source + ": ") + "invalid YAML: " + e.what());
   }
   if (docs.empty()) return YAML::Node(YAML::NodeType::Null);
+  for (const auto& d : docs)
+    if (expanded_nodes(d, kMaxExpandedNodes) > kMaxExpandedNodes)
+      throw InputError((source.empty() ? std::string() : source + ": ") +
+                       "its anchors and aliases (&name, *name) expand to more than 1,000,000 YAML nodes: an input "
+                       "file needs a few thousand (write the values out, or use fewer nested aliases)");
   for (const auto& d : docs)
     if (auto open = unterminated_quoted_scalar(d, text)) {
       const Where w = where_at(text, *open);

@@ -5,7 +5,9 @@
 //   - a second document (`---` then more YAML): yaml-cpp's Load keeps the first silently;
 //   - a quoted string that is never closed: yaml-cpp 0.7 takes the rest of the file into it
 //     (or reports "end of map flow not found" at the end of the file);
-//   - nesting deeper than yaml-cpp's recursion guard (DeepRecursion, message "bad file").
+//   - nesting deeper than yaml-cpp's recursion guard (DeepRecursion, message "bad file");
+//   - anchors and aliases that expand to more than 1,000,000 nodes (nested aliases multiply:
+//     a few hundred bytes can stand for billions of nodes, and every walk over them hangs).
 // Other parse errors keep yaml-cpp's message with line and column.
 #include <string>
 

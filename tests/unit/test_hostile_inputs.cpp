@@ -65,6 +65,31 @@ TEST(HostileInputs, PhysicalValuesOutsideTheirStatedRangeAreRefused) {
   EXPECT_EQ(problems_with(kLlama, {"cluster.gpu.peak_fp8=0 FLOP/s", "cluster.nvlink.latency=0 s"}), "");
 }
 
+TEST(HostileInputs, AnAliasBombIsRefusedInsteadOfWalked) {
+  // Ten anchors, each listing the previous nine times: 9^10 nodes to any walk of the document.
+  std::string y = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c) {  // appended piece by piece (GCC 12 -Wrestrict false positive)
+    y += c;
+    y += ": &";
+    y += c;
+    y += " [";
+    for (int i = 0; i < 9; ++i) {
+      y += i ? ", *" : "*";
+      y += static_cast<char>(c - 1);
+    }
+    y += "]\n";
+  }
+  try {
+    parse_experiment(y, "bomb.yaml");
+    ADD_FAILURE() << "the alias bomb was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bomb.yaml: its anchors and aliases (&name, *name) expand to more than "
+                                         "1,000,000 YAML nodes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(HostileInputs, ExpertTensorParallelZeroIsAnErrorNotTheDefault) {
   const std::string p = problems_with(kMixtral, {"layout.etp=0"});
   EXPECT_NE(p.find("layout.etp=0 must be >= 1 (or left out: = tp)"), std::string::npos) << p;
@@ -151,6 +176,25 @@ TEST_F(HostileCli, ASweepWhoseOutputWouldReplaceItsInputStopsBeforeWorking) {
   const auto file = dtsim("sweep " + shell_quote((dir_ / "out" / "report.md").string()) + " -o " +
                           shell_quote((dir_ / "out" / "report.md").string()));
   EXPECT_NE(file.err.find("a regular file, not a directory"), std::string::npos) << file.err;
+}
+
+TEST_F(HostileCli, ALaunchScriptDoublingAVariableIsRefused) {
+  std::string sh = "#!/bin/bash\nX0=\"--num-layers 32\"\n";
+  for (int i = 1; i < 40; ++i) {  // X1="$X0 $X0", ... (piece by piece: GCC 12 -Wrestrict false positive)
+    const std::string prev = std::to_string(i - 1);
+    sh += "X";
+    sh += std::to_string(i);
+    sh += "=\"$X";
+    sh += prev;
+    sh += " $X";
+    sh += prev;
+    sh += "\"\n";
+  }
+  sh += "torchrun pretrain_gpt.py $X39 --hidden-size 1024\n";
+  std::ofstream(dir_ / "run.sh") << sh;
+  const auto r = dtsim("import megatron " + shell_quote((dir_ / "run.sh").string()) + " --node dgx-h100 --nodes 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("run.sh:19: variable X17 expands to more than 1 MiB of text"), std::string::npos) << r.err;
 }
 
 TEST_F(HostileCli, SpecFilesOutOfRangeAreRefused) {

@@ -366,6 +366,22 @@ TEST_F(SweepJournal, ShardsMergeToTheUnshardedResult) {
           << e.what();
     }
   }
+  {  // Shard 2 as run from another checkout: the same spec bytes at another path still merge.
+    const fs::path moved = dir_ / "shard2-moved";
+    fs::create_directories(moved);
+    std::ifstream in(fs::path{shards[2]} / "journal.jsonl");
+    std::ofstream out(moved / "journal.jsonl");
+    std::string header;
+    std::getline(in, header);
+    const std::string key = "\"spec\":\"";
+    const auto at = header.find(key);
+    ASSERT_NE(at, std::string::npos) << header.substr(0, 200);
+    header.insert(at + key.size(), "/elsewhere");
+    out << header << "\n" << in.rdbuf();
+    out.close();
+    const sweep::Merged moved_m = sweep::merge_shards({shards[0], shards[1], moved.string()});
+    EXPECT_EQ(moved_m.outcome.analytic.size(), static_cast<size_t>(sweep::merge_shards(shards).outcome.analytic.size()));
+  }
   const sweep::Merged m = sweep::merge_shards(shards);
   EXPECT_EQ(m.fingerprint, spec.fingerprint);
   fs::create_directories(merged);
