@@ -27,8 +27,12 @@ double parse_duration_days(const std::string& text, const std::string& where) {
   if (unit == "days" || unit == "day" || unit == "d") scale = 86400;
   else if (unit == "weeks" || unit == "week" || unit == "w") scale = 7 * 86400;
   else if (unit == "hours" || unit == "hour" || unit == "h") scale = 3600;
-  if (end == b || scale == 0 || !std::isfinite(v) || v <= 0)
+  // A decimal number (strtod also reads hex, "0x3c", and "inf"), then the unit.
+  const bool decimal = end != b && std::string(b, static_cast<size_t>(end - b)).find_first_not_of("0123456789.eE+- ") == std::string::npos;
+  if (!decimal || scale == 0 || !std::isfinite(v) || v <= 0)
     throw InputError(where + "=\"" + text + "\" is not a positive duration (expected e.g. \"90 days\", \"12 weeks\", \"500 h\")");
+  if (v * scale > 100 * 365.25 * 86400)
+    throw InputError(where + "=\"" + text + "\" is more than a century: give a training deadline");
   return v * scale;
 }
 

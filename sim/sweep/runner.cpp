@@ -628,7 +628,13 @@ Merged merge_shards(const std::vector<std::string>& dirs) {
       problems.push_back(fmt::format("{}: shard {}/{} is given twice", where, h.shard_index, h.shard_count));
     int64_t n_an = 0;
     for (const auto& r : js[i].rows) n_an += r.engine == "analytic" ? 1 : 0;
-    if (n_an != h.points) {
+    if (n_an > h.points) {
+      problems.push_back(fmt::format("{}: shard {}/{} holds {} analytic rows for its {} layouts (a row twice, or rows of "
+                                     "another shard): it was edited or joined by hand; run the shard again",
+                                     where, h.shard_index, h.shard_count, n_an, h.points));
+      continue;
+    }
+    if (n_an < h.points) {
       problems.push_back(fmt::format("{}: shard {}/{} is incomplete ({} of {} layouts): finish it with dtsim sweep "
                                      "--resume",
                                      where, h.shard_index, h.shard_count, n_an, h.points));
