@@ -212,6 +212,8 @@ TEST_F(HostileCli, SpecFilesOutOfRangeAreRefused) {
       {&sweep, "sweep", "  tp:", "  tp: {from: 1, to: 8, factor: 0}", "space.tp.factor=0 must be >= 2"},
       {&sweep, "sweep", "title:", "title: [1]", "title must be a single line of text (got a list)"},
       {&plan, "plan", "tokens:", "tokens: 1e300", "tokens=1e300 must be in [1, 1e16]"},
+      {&plan, "plan", "deadline:", "deadline: \"0x3c days\"", "deadline=\"0x3c days\" is not a positive duration"},
+      {&plan, "plan", "deadline:", "deadline: \"1e9 days\"", "is more than a century"},
   };
   for (const auto& c : cases) {
     std::string text = *c.text;
