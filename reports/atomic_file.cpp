@@ -215,6 +215,22 @@ void write_file_atomic_streamed(const std::string& path,
   replace_atomically(path, t.path, fill);
 }
 
+int remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& files) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    for (const auto& f : files) {
+      const std::string prefix = "." + f + ".tmp.";
+      // write_file_atomic's name: the prefix and mkstemp's six characters.
+      if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0 &&
+          entry.is_regular_file(ec) && fs::remove(entry.path(), ec))
+        ++removed;
+    }
+  }
+  return removed;
+}
+
 void prepare_output_dir(const std::string& dir, const std::string& flag, const std::vector<std::string>& files) {
   if (dir.empty()) throw InputError(flag + ": empty directory name");
   if (dir == "-") throw InputError(flag + " -: an output directory is needed here, not standard output");

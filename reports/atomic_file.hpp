@@ -59,4 +59,8 @@ void write_file_atomic_streamed(const std::string& path,
 /// name is refused before the work starts, not when its turn to be written comes).
 void prepare_output_dir(const std::string& dir, const std::string& flag, const std::vector<std::string>& files = {});
 
+/// Removes the temporary files a killed write of one of `files` left in `dir` (the hidden
+/// ".NAME.tmp.XXXXXX" of write_file_atomic, never renamed over NAME); returns how many.
+int remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& files);
+
 }  // namespace dtsim

@@ -150,6 +150,8 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
   bool resume = false;
   int existing_format = kJournalFormat;
   if (have_journal && opts.resume) {
+    // A sweep killed while writing its final outputs leaves their temporaries behind.
+    remove_stale_temporaries(opts.out_dir, {"results.csv", "ranked.csv", "sweep.json", "report.html", "report.md"});
     JournalContents jc = read_journal(jpath, true);
     if (jc.header.fingerprint != h.fingerprint)
       throw InputError(jpath + ": was written for another version of " + jc.header.spec_path +

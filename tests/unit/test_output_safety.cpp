@@ -467,3 +467,26 @@ TEST(ReportFixes, ScheduleExcerptDrawsTheInterleavedOrderSimulated) {
 
 }  // namespace
 }  // namespace dtsim
+
+namespace dtsim {
+namespace {
+
+// A sweep killed while writing its final outputs leaves write_file_atomic's hidden
+// temporaries; --resume removes those (and only those) of the files it writes.
+TEST(OutputSafetyTemporaries, StaleTemporariesOfTheNamedOutputsAreRemoved) {
+  const fs::path d = fs::temp_directory_path() / ("dtsim-stale-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const char* name : {".results.csv.tmp.Ab12Cd", ".results.csv.tmp.toolong1", "results.csv", ".other.tmp.Ab12Cd",
+                           ".sweep.json.tmp.zzzzzz"})
+    std::ofstream(d / name) << "x";
+  EXPECT_EQ(remove_stale_temporaries(d.string(), {"results.csv", "sweep.json"}), 2);
+  EXPECT_FALSE(fs::exists(d / ".results.csv.tmp.Ab12Cd"));
+  EXPECT_FALSE(fs::exists(d / ".sweep.json.tmp.zzzzzz"));
+  for (const char* kept : {".results.csv.tmp.toolong1", "results.csv", ".other.tmp.Ab12Cd"})
+    EXPECT_TRUE(fs::exists(d / kept)) << kept;
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace dtsim
