@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string_view>
@@ -163,6 +164,22 @@ std::string header_line(const JournalHeader& h) {
   return j.dump() + "\n";
 }
 
+/// What makes a parsed row impossible (empty: nothing): a field no run of dtsim writes.
+static std::string row_value_problem(const SweepRow& r) {
+  if (r.engine != "analytic" && r.engine != "simgrid") return "engine \"" + r.engine + "\"";
+  if (r.status != "ok" && r.status != "invalid" && r.status != "oom" && r.status != "error")
+    return "status \"" + r.status + "\"";
+  const std::pair<const char*, double> figures[] = {
+      {"step_time_s", r.step_time_s},     {"tokens_per_s", r.tokens_per_s}, {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
+      {"mfu", r.mfu},                     {"tflops_per_gpu", r.tflops_per_gpu}, {"compute_s", r.compute_s},
+      {"bubble_s", r.bubble_s},           {"peak_memory_bytes", r.peak_memory_bytes},
+      {"usd_per_step", r.usd_per_step},   {"usd_per_mtoken", r.usd_per_mtoken}};
+  for (const auto& [name, v] : figures)
+    if (!(std::isfinite(v) && v >= 0)) return std::string(name) + " " + std::to_string(v) + " (must be finite and >= 0)";
+  if (r.id < 0) return "id " + std::to_string(r.id);
+  return "";
+}
+
 JournalContents read_journal(const std::string& path, bool truncate_partial) {
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
@@ -233,10 +250,17 @@ JournalContents read_journal(const std::string& path, bool truncate_partial) {
         throw InputError(path + ": line " + std::to_string(line_no) + ": " + e.what());
       }
     }
+    if (line_no > 1)
+      if (const std::string why = row_value_problem(out.rows.back()); !why.empty())
+        throw InputError(path + ": line " + std::to_string(line_no) + ": damaged sweep journal record: " + why);
     pos = nl + 1;
     complete_end = pos;
   }
   if (line_no == 0) throw InputError(path + ": empty sweep journal (no header line)");
+  const JournalHeader& h = out.header;
+  if (h.points < 0 || h.shard_count < 1 || h.shard_index < 0 || h.shard_index >= h.shard_count || h.refine_top < 0 ||
+      (h.rank_by != "step_time" && h.rank_by != "tokens_per_s_per_gpu" && h.rank_by != "cost"))
+    throw InputError(path + ": line 1: damaged sweep journal header (points, shard, refine_top or rank_by out of range)");
   if (truncate_partial && complete_end < text.size()) {
     std::error_code ec;
     std::filesystem::resize_file(path, complete_end, ec);

@@ -2,6 +2,8 @@
 // (kill + resume gives the uninterrupted result byte for byte), shards + merge, and the
 // shipped examples through the dtsim binary.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -388,6 +390,34 @@ TEST_F(SweepJournal, ShardsMergeToTheUnshardedResult) {
   sweep::write_outputs(spec, m.outcome, merged.string());
   for (const char* f : {"results.csv", "ranked.csv", "sweep.json", "report.md", "report.html"})
     EXPECT_EQ(read(merged / f), read(full / f)) << f;
+}
+
+TEST_F(SweepJournal, ImpossibleValuesInAJournalAreDamageNotResults) {
+  const SweepSpec spec = load_sweep_spec(kSmall, SpecKind::sweep);
+  const fs::path d = dir_ / "damaged";
+  sweep::run_sweep(spec, quiet(d));
+  const fs::path j = d / "journal.jsonl";
+  std::ifstream in(j);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  in.close();
+  ASSERT_GT(lines.size(), 2u);
+  // Column 22 is step_time_s (journal_columns()); a negative step no run writes.
+  nlohmann::json row = nlohmann::json::parse(lines[1]);
+  ASSERT_EQ(nlohmann::json::parse(lines[0]).at("columns").at(22), "step_time_s");
+  row[22] = -1e308;
+  lines[1] = row.dump();
+  {
+    std::ofstream out(j);
+    for (const auto& l : lines) out << l << "\n";
+  }
+  try {
+    sweep::read_journal(j.string(), false);
+    ADD_FAILURE() << "a negative step time was read as a result";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2: damaged sweep journal record: step_time_s"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(SweepShard, ParsesIOverN) {
