@@ -341,6 +341,10 @@ class Reader {
       ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not a number or a ratio A / B of two numbers (B not 0)");
       return std::nullopt;
     }
+    if (*a < 0 || *b < 0) {  // a measured pair (a rate and its peak) has no negative part
+      ctx_.fail(path(key), path(key) + "=" + quote(*s) + ": the parts of a measured ratio A / B cannot be negative");
+      return std::nullopt;
+    }
     return *a / *b;
   }
 
@@ -630,7 +634,11 @@ void read_link(Reader& cluster, const std::string& key, LinkSpec& link, bool pre
 
 // The GPU keys shared by cluster.gpu and a GPU preset file (topologies/preset_files.hpp).
 void read_gpu_fields(Reader& r, GpuSpec& g) {
-  set_if(g.name, r.text("name"));
+  if (auto v = r.text("name")) {
+    if (v->find_first_not_of(' ') == std::string::npos)
+      r.ctx().fail(r.path("name"), r.path("name") + " is empty (the GPU's name, shown in every result)");
+    else g.name = *v;
+  }
   set_if(g.peak_bf16_flops, r.quantity("peak_bf16", Quantity::flop_rate));
   set_if(g.peak_fp8_flops, r.quantity("peak_fp8", Quantity::flop_rate));
   set_if(g.peak_fp4_flops, r.quantity("peak_fp4", Quantity::flop_rate));  // optional: 0 = no FP4 tensor cores
@@ -728,7 +736,11 @@ GpuSpec read_gpu(Reader& cluster, const NodePreset* node, const std::string& bas
   read_gpu_fields(r, g);
   // optional: a `dtsim calibrate` profile, relative to the experiment file (read lazily by
   // models/compute_cost.hpp experiment_profile, which names this key in its errors).
-  set_if(g.profile, r.text("profile"));
+  if (auto v = r.text("profile")) {
+    if (v->find_first_not_of(' ') == std::string::npos)
+      r.ctx().fail(r.path("profile"), r.path("profile") + " is empty (a profile FILE, or leave the key out)");
+    else g.profile = *v;
+  }
   read_gpu_tables(r, g, path);
   if (!preset) {
     for (const char* k : {"name", "peak_bf16", "hbm", "hbm_bandwidth", "gemm_efficiency", "memory_efficiency",
@@ -1280,7 +1292,11 @@ NodePreset parse_node_file(const std::string& yaml_text, const std::string& sour
   for (const char* k : {"name", "gpu", "gpus_per_node", "nvlink", "nics_per_node", "nic", "hbm_reserve",
                         "host_dispatch"})
     if (!r.has(k)) r.require(k);
-  set_if(n.name, r.text("name"));
+  if (auto v = r.text("name")) {
+    if (v->find_first_not_of(' ') == std::string::npos)
+      ctx.fail("name", "name is empty (the node's name, shown in every result)");
+    else n.name = *v;
+  }
   if (auto gpu = r.text("gpu")) {
     n.gpu = *gpu;
     if (!base_dir.empty() && is_preset_file_ref(*gpu)) {

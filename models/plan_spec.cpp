@@ -28,7 +28,8 @@ double parse_duration_days(const std::string& text, const std::string& where) {
   else if (unit == "weeks" || unit == "week" || unit == "w") scale = 7 * 86400;
   else if (unit == "hours" || unit == "hour" || unit == "h") scale = 3600;
   // A decimal number (strtod also reads hex, "0x3c", and "inf"), then the unit.
-  const bool decimal = end != b && std::string(b, static_cast<size_t>(end - b)).find_first_not_of("0123456789.eE+- ") == std::string::npos;
+  const std::string number(b, static_cast<size_t>(end - b));
+  const bool decimal = end != b && number.find_first_not_of("0123456789.eE+- ") == std::string::npos;
   if (!decimal || scale == 0 || !std::isfinite(v) || v <= 0)
     throw InputError(where + "=\"" + text + "\" is not a positive duration (expected e.g. \"90 days\", \"12 weeks\", \"500 h\")");
   if (v * scale > 100 * 365.25 * 86400)
@@ -56,7 +57,8 @@ PlanSpec parse_plan_spec(const std::string& yaml_text, const std::string& source
     if (!root[k]) p.add(std::string(k) + " is required");
   if (root["title"]) {
     if (root["title"].IsScalar()) ps.title = root["title"].as<std::string>("");
-    else p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
+    else
+      p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
   }
   if (root["tokens"]) {
     if (auto v = number(root["tokens"], "tokens", p)) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -450,7 +451,8 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
 
   if (root["title"]) {
     if (root["title"].IsScalar()) spec.title = value_text(root["title"]);
-    else p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
+    else
+      p.add("title must be a single line of text (got a " + std::string(root["title"].IsMap() ? "map" : "list") + ")");
   }
   for (const char* k : {"model", "training", "clusters"})
     if (!root[k]) p.add(std::string(k) + " is required");
@@ -613,6 +615,19 @@ SweepSpec parse_sweep_spec(const std::string& yaml_text, const std::string& sour
       if (!clusters[i].IsMap() || !clusters[i]["price_per_gpu_hour"])
         p.add("clusters[" + std::to_string(i) + "].price_per_gpu_hour is required with rank_by=cost");
 
+  // Each case is a row of the outputs, named by its label: two alike, or a blank one, could
+  // not be told apart in the tables and charts.
+  {
+    std::map<std::string, size_t> seen;
+    for (size_t i = 0; i < spec.clusters.size(); ++i) {
+      const std::string& label = spec.clusters[i].label;
+      if (label.find_first_not_of(' ') == std::string::npos)
+        p.add("cluster case " + std::to_string(i) + " has an empty name: give clusters[].name");
+      else if (auto [it, fresh] = seen.emplace(label, i); !fresh)
+        p.add("cluster cases " + std::to_string(it->second) + " and " + std::to_string(i) + " are both named \"" +
+              label + "\": give each cluster a distinct name");
+    }
+  }
   spec.fixed_layout = kind == SpecKind::compare && root["layout"];
   if (kind == SpecKind::compare && spec.clusters.size() < 2 && p.empty())
     p.add("clusters (after vary) must give at least 2 clusters to compare (got " +

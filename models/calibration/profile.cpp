@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "models/calibration/gemm_table.hpp"
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/input_files.hpp"
 #include "models/yaml_text.hpp"
@@ -305,6 +306,19 @@ class Parser {
     }
     return v.Scalar();
   }
+  /// The largest value a key may hold: a measurement beyond it is not one of a training
+  /// kernel, and would carry a non-finite or absurd time into the step (limits:: in
+  /// models/checked.hpp; a kernel of a training step lasts well under a second: a
+  /// 65,536^3 GEMM at 1 PFLOP/s takes 0.6 s).
+  static double max_of(const std::string& key) {
+    if (key == "time_s") return 100.0;
+    if (key == "overhead_s") return limits::kMaxLatency;
+    if (key == "flop_rate_FLOP_per_s" || key == "params_per_s") return limits::kMaxFlopRate;
+    if (key == "bandwidth_B_per_s") return limits::kMaxBandwidth;
+    if (key == "bytes") return limits::kMaxMemoryBytes;
+    if (key == "params") return 1e15;
+    return std::numeric_limits<double>::max();
+  }
   double number(const YAML::Node& n, const std::string& path, const std::string& key, bool positive) {
     const YAML::Node v = n[key];
     if (!v) return 0;
@@ -312,6 +326,11 @@ class Parser {
       const double d = v.as<double>();
       if (!std::isfinite(d) || (positive ? d <= 0 : d < 0)) {
         p_.add(join(path, key) + "=" + v.Scalar() + (positive ? " must be > 0" : " must be >= 0"));
+        return 0;
+      }
+      if (d > max_of(key)) {
+        p_.add(join(path, key) + "=" + v.Scalar() + " is above " + fmt::format("{:g}", max_of(key)) +
+               ": not a measurement of a training kernel (models/calibration/profile.cpp max_of)");
         return 0;
       }
       return d;
@@ -325,7 +344,9 @@ class Parser {
     if (!v) return 0;
     try {
       const int64_t i = v.as<int64_t>();
-      if (i <= 0) p_.add(join(path, key) + "=" + v.Scalar() + " must be a positive integer");
+      // Shapes: tokens x batch and widths stay far below 2^40 (models/checked.hpp limits).
+      if (i <= 0 || i > (int64_t{1} << 40))
+        p_.add(join(path, key) + "=" + v.Scalar() + " must be a positive integer up to 2^40");
       return i;
     } catch (const YAML::Exception&) {
       p_.add(join(path, key) + " must be a positive integer");
@@ -513,6 +534,32 @@ ComputeProfile ComputeProfile::parse(const std::string& text, const std::string&
       }
     }
   }
+  // One time per kernel shape: a second entry of the same shape would leave which one times
+  // the kernel to the lookup's order.
+  std::set<std::string> shapes;
+  for (const Measurement& m : pr.measurements) {
+    const auto& g = m.spec.gemm;
+    const auto& a = m.spec.attention;
+    std::string key;
+    switch (m.spec.kind) {
+      case KernelClass::gemm:
+        key = fmt::format("gemm m={} n={} k={} dtype={} trans_a={} trans_b={}", g.m, g.n, g.k, to_string(g.dtype),
+                          g.trans_a, g.trans_b);
+        break;
+      case KernelClass::attention:
+        key = fmt::format("attention pass={} batch={} heads={} kv_heads={} seq_q={} seq_kv={} head_dim={} causal={}",
+                          a.backward ? "bwd" : "fwd", a.batch, a.heads, a.kv_heads, a.seq_q, a.seq_kv, a.head_dim,
+                          a.causal);
+        break;
+      case KernelClass::memory: key = fmt::format("memory name={} bytes={}", m.spec.name, m.spec.bytes); break;
+      case KernelClass::optimizer: key = fmt::format("optimizer params={}", m.spec.params); break;
+    }
+    if (!shapes.insert(key).second)
+      P.problems().add("kernels: a second entry for " + key + " (keep one time per shape)");
+  }
+  if (pr.measurements.empty() && !models)
+    P.problems().add("no kernels and no models: the profile would time every kernel on the roofline instead of the "
+                     "shipped tables (give measurements, or leave cluster.gpu.profile out)");
   P.problems().throw_if_any();
   if (!models) pr.fit_models();
   return pr;

@@ -91,7 +91,9 @@ Command add_compare_command(CLI::App& app) {
   c->add_option("spec", o.spec, "Compare YAML file (model, training, clusters, layout or space)")
       ->required()
       ->type_name("COMPARE.yaml");
-  c->add_option("-o,--out", o.out, "Also write compare.csv, compare.json, report.html, report.md here")->type_name("DIR")->check(output_path_check());
+  c->add_option("-o,--out", o.out, "Also write compare.csv, compare.json, report.html, report.md here")
+      ->type_name("DIR")
+      ->check(output_path_check());
   c->add_option("-j,--jobs", o.jobs, "SimGrid simulations run at once (child processes)")->check(CLI::Range(1, 256));
   c->add_flag("-q,--quiet", o.quiet, "No progress and no table");
   return {c, [opts] { return compare_command(*opts); }};

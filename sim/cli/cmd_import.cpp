@@ -117,7 +117,9 @@ Command add_import_command(CLI::App& app) {
   m->add_option("input", o.input, "Launch script (torchrun ... pretrain_gpt.py --num-layers ...), or -- FLAGS...")
       ->required()
       ->type_name("SCRIPT|-- ARGS");
-  m->add_option("-o,--out", o.out, "Experiment file to write (default: standard output)")->type_name("OUT.yaml")->check(output_path_check());
+  m->add_option("-o,--out", o.out, "Experiment file to write (default: standard output)")
+      ->type_name("OUT.yaml")
+      ->check(output_path_check());
   CLI::Option* node =
       m->add_option("--node", o.node, "Node preset of the cluster (cluster.node), e.g. dgx-h100")->type_name("PRESET");
   m->add_option("--nodes", o.nodes, "Node count (default: the cluster file's, else torchrun --nnodes)")

@@ -57,7 +57,10 @@ Command add_merge_command(CLI::App& app) {
   c->add_option("shards", o.shards, "Output directories of dtsim sweep --shard i/N (all N of them)")
       ->required()
       ->type_name("SHARD_DIR...");
-  c->add_option("-o,--out", o.out, "Directory for the joined results")->required()->type_name("DIR")->check(output_path_check());
+  c->add_option("-o,--out", o.out, "Directory for the joined results")
+      ->required()
+      ->type_name("DIR")
+      ->check(output_path_check());
   c->add_flag("-q,--quiet", o.quiet, "No summary");
   return {c, [opts] { return merge_command(*opts); }};
 }

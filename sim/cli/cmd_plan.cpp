@@ -105,7 +105,9 @@ Command add_plan_command(CLI::App& app) {
   c->add_option("spec", o.spec, "Plan YAML file (model, training, tokens, deadline or gpu_budget, candidates)")
       ->required()
       ->type_name("PLAN.yaml");
-  c->add_option("-o,--out", o.out, "Also write plan.csv, plan.json, report.html, report.md here")->type_name("DIR")->check(output_path_check());
+  c->add_option("-o,--out", o.out, "Also write plan.csv, plan.json, report.html, report.md here")
+      ->type_name("DIR")
+      ->check(output_path_check());
   c->add_option("-j,--jobs", o.jobs, "SimGrid simulations run at once (child processes)")->check(CLI::Range(1, 256));
   c->add_flag("-q,--quiet", o.quiet, "No progress and no summary");
   return {c, [opts] { return plan_command(*opts); }};

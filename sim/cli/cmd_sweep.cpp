@@ -94,7 +94,10 @@ Command add_sweep_command(CLI::App& app) {
   SweepOptions& o = *opts;
   CLI::App* c = app.add_subcommand("sweep", "Evaluate every layout of a space (analytic), re-simulate the best (SimGrid)");
   c->add_option("spec", o.spec, "Sweep YAML file (model, training, clusters, space)")->required()->type_name("SWEEP.yaml");
-  c->add_option("-o,--out", o.out, "Output directory (journal, CSV, JSON, HTML, Markdown)")->required()->type_name("DIR")->check(output_path_check());
+  c->add_option("-o,--out", o.out, "Output directory (journal, CSV, JSON, HTML, Markdown)")
+      ->required()
+      ->type_name("DIR")
+      ->check(output_path_check());
   c->add_flag("--resume", o.resume, "Continue an interrupted sweep in --out (rows already there are kept)");
   c->add_option("--shard", o.shard, "Run only shard i of N (layouts with id mod N == i); join with dtsim merge")
       ->type_name("i/N");

@@ -15,6 +15,7 @@
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/units.hpp"
+#include "models/calibration/profile.hpp"
 
 namespace dtsim {
 namespace {
@@ -88,6 +89,56 @@ TEST(HostileInputs, AnAliasBombIsRefusedInsteadOfWalked) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(HostileInputs, ProfilesHoldOnlyMeasurementsOfTrainingKernels) {
+  std::ifstream in(kRoot + "/tests/data/synthetic_h100_profile.yaml");
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string first = "time_s: 0.0003087155445028572}";
+  ASSERT_NE(good.find(first), std::string::npos);
+  auto problems = [](const std::string& text) {
+    try {
+      calib::ComputeProfile::parse(text, "p.yaml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(problems(good), "");
+  // A time that overflowed the step (1e308 s aborted SimGrid; 1e30 s gave a 1e28 s step).
+  std::string t = good;
+  t.replace(t.find(first), first.size(), "time_s: 1e308}");
+  EXPECT_NE(problems(t).find("time_s=1e308 is above 100: not a measurement of a training kernel"), std::string::npos)
+      << problems(t);
+  // The same shape twice: which time wins was the lookup's order.
+  t = good;
+  const std::string row = "    - {m: 8192, n: 3072, k: 4096, dtype: bf16, trans_a: false, trans_b: true, time_s: 0.9}\n";
+  t.insert(t.find("    - {m: 8192, n: 3072, k: 4096"), row);
+  EXPECT_NE(problems(t).find("a second entry for gemm m=8192 n=3072 k=4096"), std::string::npos) << problems(t);
+  // No kernels and no models: the shipped tables silently replaced by the roofline.
+  t = good.substr(0, good.find("kernels:"));
+  EXPECT_NE(problems(t).find("no kernels and no models"), std::string::npos) << problems(t);
+}
+
+TEST(HostileInputs, EmptyNamesAndNegativeRatiosAreRefused) {
+  std::ifstream in(kLlama);
+  const std::string exp((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto with_gpu = [&](const std::string& gpu) {
+    std::string t = exp;
+    t.replace(t.find("  node: dgx-h100\n"), 17, "  node: dgx-h100\n  gpu: " + gpu + "\n");
+    try {
+      parse_experiment(t, "exp.yaml", {}, kRoot + "/experiments/examples");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(with_gpu("{preset: H100-SXM5-80GB}"), "");
+  EXPECT_NE(with_gpu("{preset: H100-SXM5-80GB, profile: \"\"}").find("cluster.gpu.profile is empty"), std::string::npos);
+  EXPECT_NE(with_gpu("{preset: H100-SXM5-80GB, name: \" \"}").find("cluster.gpu.name is empty"), std::string::npos);
+  EXPECT_NE(with_gpu("{preset: H100-SXM5-80GB, gemm_efficiency: -1 / -2}")
+                .find("the parts of a measured ratio A / B cannot be negative"),
+            std::string::npos);
 }
 
 TEST(HostileInputs, ExpertTensorParallelZeroIsAnErrorNotTheDefault) {
@@ -208,7 +259,13 @@ TEST_F(HostileCli, SpecFilesOutOfRangeAreRefused) {
     const char* line;
     const char* want;
   };
+  std::string compare = cli_test::read_file(kRoot + "/experiments/sweeps/compare-llama3-8b-nodes.yaml");
+  const std::string rel = "../examples/";  // its hf_config, relative to the shipped file
+  ASSERT_NE(compare.find(rel), std::string::npos);
+  compare.replace(compare.find(rel), rel.size(), kRoot + "/experiments/examples/");
   const std::vector<Case> cases = {
+      {&compare, "compare", "  - name: 8 x DGX H100", "  - name: 8 x DGX A100",
+       "cluster cases 0 and 1 are both named \"8 x DGX A100\""},
       {&sweep, "sweep", "  tp:", "  tp: {from: 1, to: 8, factor: 0}", "space.tp.factor=0 must be >= 2"},
       {&sweep, "sweep", "title:", "title: [1]", "title must be a single line of text (got a list)"},
       {&plan, "plan", "tokens:", "tokens: 1e300", "tokens=1e300 must be in [1, 1e16]"},
