@@ -31,4 +31,17 @@ void ProblemList::drop_containing(const std::string& part) {
   std::erase_if(problems_, [&](const std::string& line) { return line.find(part) != std::string::npos; });
 }
 
+void ProblemList::annotate_from(size_t first, const std::vector<std::string>& keys, const std::string& note) {
+  const std::string lead = file_ + ": ";
+  for (size_t i = first; i < problems_.size(); ++i) {
+    std::string& line = problems_[i];
+    const size_t at = line.compare(0, lead.size(), lead) == 0 ? lead.size() : 0;
+    for (const auto& k : keys)
+      if (line.compare(at, k.size(), k) == 0) {
+        line += note;
+        break;
+      }
+  }
+}
+
 }  // namespace dtsim

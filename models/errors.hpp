@@ -35,6 +35,9 @@ class ProblemList {
   void throw_if_any() const;
   /// Forgets the problems whose line ("FILE: message") contains `part`.
   void drop_containing(const std::string& part);
+  /// Appends `note` to each problem from index `first` on whose message starts with one of
+  /// `keys` (dotted key prefixes, e.g. "cluster.gpu."): says where such a value came from.
+  void annotate_from(size_t first, const std::vector<std::string>& keys, const std::string& note);
   const std::string& file() const noexcept { return file_; }
 
  private:

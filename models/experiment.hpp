@@ -156,6 +156,10 @@ struct ModelSpec {
 
 /// One GPU model. Every preset value cites its datasheet in topologies/gpus/*.yaml.
 struct GpuSpec {
+  /// The GPU file its values were read from, as written (cluster.gpu: FILE, a node file's
+  /// gpu, or cluster.gpu.preset: FILE); empty for a built-in preset or inline values. Input
+  /// errors about cluster.gpu.* name it (models/experiment_check.cpp).
+  std::string source_file;
   std::string name;
   double peak_bf16_flops = 0;  // dense tensor-core FLOP/s
   double peak_fp8_flops = 0;   // dense FLOP/s; 0 when the GPU has no FP8 tensor cores
@@ -228,6 +232,9 @@ struct CollectiveChoice {
 };
 
 struct ClusterSpec {
+  /// The node file (cluster.node: FILE) the cluster was built from, as written; empty for a
+  /// built-in node preset or none. Input errors about the keys a node file sets name it.
+  std::string node_file;
   std::string name;
   GpuSpec gpu;
   int64_t nodes = 0;           // NVLink domains (a DGX node; a GB200 NVL72 rack)

@@ -125,9 +125,26 @@ void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::
 // The cross-section checks. A check is skipped when one of the keys it involves is in
 // `bad` (or below a bad map), because that key already has its own problem.
 
+void check_sections(const Experiment& e, ProblemList& p, const std::set<std::string>& bad);
+
 }  // namespace
 
 void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
+  const size_t first_problem = p.problems().size();
+  check_sections(e, p, bad);
+  // A value from a GPU or node file is fixed in that file, not in the experiment: say so.
+  if (!e.cluster.gpu.source_file.empty())
+    p.annotate_from(first_problem, {"cluster.gpu."}, " (cluster.gpu is read from " + e.cluster.gpu.source_file + ")");
+  if (!e.cluster.node_file.empty())
+    p.annotate_from(first_problem,
+                    {"cluster.gpus_per_node", "cluster.intra_node", "cluster.nvlink", "cluster.nics_per_node",
+                     "cluster.nic.", "cluster.nic=", "cluster.hbm_reserve", "cluster.host_dispatch"},
+                    " (cluster.node is read from " + e.cluster.node_file + ")");
+}
+
+namespace {
+
+void check_sections(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
   const ModelSpec& m = e.model;
   const ClusterSpec& c = e.cluster;
   const Layout& l = e.layout;
@@ -438,5 +455,7 @@ void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::s
     non_negative(k + ".value", point->bytes, "B");
   }
 }
+
+}  // namespace
 
 }  // namespace dtsim

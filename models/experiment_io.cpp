@@ -74,6 +74,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include <yaml-cpp/yaml.h>
@@ -681,7 +682,9 @@ std::optional<T> preset_from_file(Context& ctx, const std::string& key, const st
                                   const std::string& base_dir, Load load) {
   const std::string file = (fs::path(base_dir) / value).lexically_normal().string();
   try {
-    return load(file);
+    T loaded = load(file);
+    if constexpr (std::is_same_v<T, GpuSpec>) loaded.source_file = value;
+    return loaded;
   } catch (const InputError& e) {
     for (const auto& p : e.problems()) ctx.fail(key, key + "=" + quote(value) + ": " + p);
     return std::nullopt;
@@ -824,6 +827,7 @@ ClusterSpec read_cluster(Reader r, const std::string& base_dir) {
       return c;
     }
     node = &*node_file;
+    c.node_file = *name;
   } else if (name) {
     node = find_node_preset(*name);
     if (!node) {

@@ -287,6 +287,33 @@ TEST_F(HostileCli, SpecFilesOutOfRangeAreRefused) {
   }
 }
 
+TEST_F(HostileCli, AValueFromAPresetFileIsBlamedOnThatFile) {
+  std::string gpu = cli_test::read_file(kRoot + "/topologies/gpus/h100-sxm5-80gb.yaml");
+  std::string node = cli_test::read_file(kRoot + "/topologies/nodes/dgx-h100.yaml");
+  auto set_line = [](std::string& text, const std::string& key, const std::string& value) {
+    const auto at = text.find("\n" + key + ":");
+    ASSERT_NE(at, std::string::npos) << key;
+    text.replace(at + 1, text.find('\n', at + 1) - at - 1, key + ": " + value);
+  };
+  set_line(gpu, "sm_count", "-5");
+  set_line(node, "gpu", "./g.yaml");
+  set_line(node, "nics_per_node", "3");
+  std::ofstream(dir_ / "g.yaml") << gpu;
+  std::ofstream(dir_ / "n.yaml") << node;
+  std::string exp = cli_test::read_file(kLlama);
+  exp.replace(exp.find("node: dgx-h100"), 14, "node: ./n.yaml");
+  exp.replace(exp.find("hf_config: "), 11, "hf_config: " + kRoot + "/experiments/examples/");
+  std::ofstream(dir_ / "e.yaml") << exp;
+  const auto r = dtsim("run " + shell_quote((dir_ / "e.yaml").string()) + " -q");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("cluster.gpu.sm_count=-5 must be >= 0 (0: no SM accounting) (cluster.gpu is read from ./g.yaml)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("does not divide cluster.gpus_per_node=8 (cluster.node is read from ./n.yaml)"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(HostileCli, MergeNeverWritesIntoADirectoryHoldingASweep) {
   const std::string spec = shell_quote(kRoot + "/experiments/sweeps/gpt-2.7b-32-a100.yaml");
   for (int i = 0; i < 2; ++i)
