@@ -17,6 +17,7 @@ packages=(
   libgtest-dev        # unit tests
   libgmock-dev        # unit tests (matchers)
   libbenchmark-dev    # micro-benchmarks
+  libjemalloc-dev     # allocator of dtsim and the benchmarks (unfolded SimGrid runs at scale)
 )
 
 installed() {

@@ -48,8 +48,11 @@ const std::vector<std::pair<std::string, std::string>>& context_flags();
 /// Stack bytes per actor under context_flags().
 int64_t actor_stack_bytes();
 
-/// Makes the C library serve every block of actor_stack_bytes() or more by mmap, so that a
-/// stack costs only the pages its actor touches (call before the actors are created).
+/// Makes glibc's malloc serve every block of actor_stack_bytes() or more by mmap, so that a
+/// stack costs only the pages its actor touches (call before the actors are created). Where
+/// jemalloc is the allocator (the dtsim executable and the benchmarks, CMakeLists.txt) these
+/// settings reach no allocator and are harmless: jemalloc takes large blocks from fresh
+/// mappings it knows to be zero, so calloc does not write them either.
 void prepare_actor_stacks();
 
 /// SimGrid 3.32 ends the process (abort, "Uncaught exception") when an exception leaves an
