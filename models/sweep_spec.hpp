@@ -41,6 +41,7 @@
 // Model, cluster and training sections are validated by parse_experiment on a composed
 // experiment, so they follow the experiment rules exactly; messages name this file and the
 // key as written here (clusters[i].KEY; vary.KEY=VALUE for a varied value).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -151,12 +152,15 @@ std::string fingerprint_of(const std::string& bytes);
 // ---- helpers shared with models/plan_spec.cpp (same file rules) ----
 namespace spec_io {
 
-/// Problems of one spec file, each "FILE: message"; throw_if_any() throws InputError.
+/// Problems of one spec file, each "FILE: message", each line once (a model section shared by
+/// the clusters of a compare is checked once per cluster); throw_if_any() throws InputError.
 class Problems {
  public:
   explicit Problems(std::string file) : file_(std::move(file)) {}
-  void add(const std::string& message) { list_.push_back(file_ + ": " + message); }
-  void add_raw(const std::string& line) { list_.push_back(line); }
+  void add(const std::string& message) { add_raw(file_ + ": " + message); }
+  void add_raw(const std::string& line) {
+    if (std::find(list_.begin(), list_.end(), line) == list_.end()) list_.push_back(line);
+  }
   bool empty() const { return list_.empty(); }
   void throw_if_any() const;
   const std::string& file() const { return file_; }

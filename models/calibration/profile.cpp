@@ -403,6 +403,41 @@ ComputeProfile ComputeProfile::load(const std::string& path) {
   return parse(ss.str(), path);
 }
 
+namespace {
+
+/// YYYY-MM-DD, optionally followed by THH:MM:SS[.fraction] and Z or +HH:MM / -HH:MM (ISO 8601
+/// extended format, the form RFC 3339 Sec 5.6 profiles), with fields in range (day <= 31).
+bool iso8601_date(const std::string& s) {
+  auto digits = [&](size_t at, size_t n, int lo, int hi) {
+    if (at + n > s.size()) return false;
+    int v = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return false;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v >= lo && v <= hi;
+  };
+  auto at = [&](size_t i, char c) { return i < s.size() && s[i] == c; };
+  if (!digits(0, 4, 0, 9999) || !at(4, '-') || !digits(5, 2, 1, 12) || !at(7, '-') || !digits(8, 2, 1, 31))
+    return false;
+  if (s.size() == 10) return true;
+  if (!at(10, 'T') || !digits(11, 2, 0, 23) || !at(13, ':') || !digits(14, 2, 0, 59) || !at(16, ':') ||
+      !digits(17, 2, 0, 60))
+    return false;
+  size_t i = 19;
+  if (at(i, '.')) {
+    const size_t from = ++i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    if (i == from) return false;
+  }
+  if (at(i, 'Z')) return i + 1 == s.size();
+  if (at(i, '+') || at(i, '-'))
+    return digits(i + 1, 2, 0, 23) && at(i + 3, ':') && digits(i + 4, 2, 0, 59) && i + 6 == s.size();
+  return i == s.size();  // a local time without offset
+}
+
+}  // namespace
+
 ComputeProfile ComputeProfile::parse(const std::string& text, const std::string& file) {
   YAML::Node root;
   try {
@@ -423,6 +458,10 @@ ComputeProfile ComputeProfile::parse(const std::string& text, const std::string&
   pr.synthetic = P.boolean(root, "", "synthetic");
   pr.note = P.text(root, "", "note");
   pr.date = P.text(root, "", "date");
+  if (!pr.date.empty() && !iso8601_date(pr.date))
+    P.problems().add("date=\"" + pr.date +
+                     "\" is not an ISO 8601 date or UTC time (YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ, as dtsim calibrate "
+                     "writes)");
   if (const YAML::Node u = root["units"]) {
     std::vector<std::string> keys;
     for (const auto& kv : kUnits) keys.emplace_back(kv[0]);

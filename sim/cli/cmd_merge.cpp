@@ -27,7 +27,10 @@ int merge_command(const MergeOptions& o) {
   const sweep::Merged m = sweep::merge_shards(o.shards);
   const sweep::Outcome& outcome = m.outcome;
   require_input_file(m.spec_path);
-  const SweepSpec spec = load_sweep_spec(m.spec_path, SpecKind::sweep);
+  SweepSpec spec = load_sweep_spec(m.spec_path, SpecKind::sweep);
+  // The outputs name the file as the sweep's command line did (the first shard's), so that
+  // they are what one unsharded run would have written.
+  spec.source = m.spec_name;
   // The journals carry the fingerprint of the file they ran; the file must not have changed.
   if (spec.fingerprint != m.fingerprint)
     throw InputError(m.spec_path + ": changed since the shards ran (fingerprint " + spec.fingerprint + ", shards " +

@@ -155,6 +155,7 @@ std::string header_line(const JournalHeader& h) {
   j["dtsim_sweep_journal"] = kJournalFormat;
   j["columns"] = journal_columns();
   j["spec"] = h.spec_path;
+  j["spec_name"] = h.spec_name;
   j["fingerprint"] = h.fingerprint;
   j["shard_index"] = h.shard_index;
   j["shard_count"] = h.shard_count;
@@ -226,6 +227,8 @@ JournalContents read_journal(const std::string& path, bool truncate_partial) {
                          (j.contains("columns") ? j.at("columns").dump() : std::string("none")) +
                          "): written by another dtsim version; run the sweep again in a new directory");
       out.header.spec_path = j.value("spec", "");
+      out.header.spec_name =
+          j.contains("spec_name") && j.at("spec_name").is_string() ? j.at("spec_name").get<std::string>() : out.header.spec_path;
       out.header.fingerprint = j.value("fingerprint", "");
       out.header.shard_index = j.value("shard_index", int64_t{0});
       out.header.shard_count = j.value("shard_count", int64_t{1});

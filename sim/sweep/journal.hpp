@@ -26,6 +26,8 @@ namespace dtsim::sweep {
 
 struct JournalHeader {
   std::string spec_path;     // absolute path of the sweep file
+  std::string spec_name;     // the sweep file as the command line named it (SweepSpec::source), which
+                             // the outputs print; a journal without it: spec_path
   std::string fingerprint;   // SweepSpec::fingerprint
   int64_t shard_index = 0, shard_count = 1;
   int64_t points = 0;        // points of this shard

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -101,15 +102,19 @@ std::pair<int64_t, int64_t> parse_shard(const std::string& text, const std::stri
     return InputError(option + " " + text + ": expected i/N with 0 <= i < N (e.g. " + option + " 0/4)");
   };
   if (slash == std::string::npos) throw bad();
-  try {
-    size_t a = 0, b = 0;
-    const long long i = std::stoll(text.substr(0, slash), &a);
-    const long long n = std::stoll(text.substr(slash + 1), &b);
-    if (a != slash || b != text.size() - slash - 1 || n < 1 || i < 0 || i >= n) throw bad();
-    return {i, n};
-  } catch (const std::logic_error&) {
-    throw bad();
-  }
+  // Digits only (std::stoll took white space and a sign), in range.
+  auto number = [&](size_t from, size_t to) {
+    long long v = -1;
+    const char* first = text.data() + from;
+    const char* last = text.data() + to;
+    if (first == last || *first < '0' || *first > '9') throw bad();
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec != std::errc() || end != last) throw bad();
+    return v;
+  };
+  const long long i = number(0, slash), n = number(slash + 1, text.size());
+  if (n < 1 || i < 0 || i >= n) throw bad();
+  return {i, n};
 }
 
 // ------------------------------------------------------------------------------ run --
@@ -134,6 +139,7 @@ Outcome run_sweep(const SweepSpec& spec, const RunOptions& opts) {
 
   JournalHeader h;
   h.spec_path = absolute(spec.source);
+  h.spec_name = spec.source;
   h.fingerprint = spec.fingerprint;
   h.shard_index = opts.shard_index;
   h.shard_count = opts.shard_count;
@@ -675,7 +681,7 @@ Merged merge_shards(const std::vector<std::string>& dirs) {
   for (size_t i = 0; i < order.size() && static_cast<int64_t>(i) < h0.refine_top; ++i) top.insert(o.analytic[order[i]].id);
   for (auto& [id, r] : simgrid)
     if (top.count(id)) o.simgrid.push_back(r);
-  return {h0.spec_path, h0.fingerprint, o};
+  return {h0.spec_path, h0.fingerprint, h0.spec_name, o};
 }
 
 }  // namespace dtsim::sweep

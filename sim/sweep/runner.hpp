@@ -72,6 +72,7 @@ void write_outputs(const SweepSpec& spec, const Outcome& o, const std::string& d
 /// incomplete or from different sweeps.
 struct Merged {
   std::string spec_path, fingerprint;
+  std::string spec_name;  // the first shard's JournalHeader::spec_name: what its outputs print
   Outcome outcome;
 };
 Merged merge_shards(const std::vector<std::string>& dirs);

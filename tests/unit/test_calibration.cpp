@@ -206,6 +206,23 @@ TEST(CalibrationProfile, StrictLoading) {
   EXPECT_THROW(ComputeProfile::load("/nonexistent/profile.yaml"), InputError);
 }
 
+TEST(CalibrationProfile, DateIsIso8601) {
+  auto with_date = [](const std::string& date) {
+    std::string t = kMinimal;
+    t.replace(t.find("\"2026-11-30T00:00:00Z\""), 22, date);
+    return problems_of(t);
+  };
+  for (const char* ok : {"2026-11-30", "\"2026-11-30T14:05:59Z\"", "2026-11-30T14:05:59.123Z",
+                         "\"2026-11-30T14:05:59+05:30\"", "2026-11-30T14:05:59"})
+    EXPECT_TRUE(with_date(ok).empty()) << ok;
+  for (const char* bad : {"yesterday", "2026-13-01", "2026-11-32", "2026-1-30", "30/11/2026", "2026-11-30T25:00:00Z",
+                          "2026-11-30T14:05Z", "2026-11-30T14:05:59.Z", "2026-11-30T14:05:59+5", "2026-11-30 "}) {
+    const auto ps = with_date(std::string("\"") + bad + "\"");
+    ASSERT_EQ(ps.size(), 1u) << bad;
+    EXPECT_NE(ps[0].find("is not an ISO 8601 date"), std::string::npos) << ps[0];
+  }
+}
+
 TEST(CalibrationProfile, YamlRoundTrip) {
   const ComputeProfile p = ComputeProfile::load(kProfile);
   const ComputeProfile q = ComputeProfile::parse(p.to_yaml(), "roundtrip.yaml");

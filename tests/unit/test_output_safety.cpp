@@ -230,10 +230,10 @@ TEST_F(OutputSafety, ReadmeSlurmRecipeRunsAsWritten) {
   // A requeued task continues its own shard.
   ASSERT_EQ(sh("SLURM_ARRAY_TASK_ID=3", commands[0] + " -q"), 0) << read(dir_ / "err.txt");
   ASSERT_EQ(sh("", merge + " -q"), 0) << read(dir_ / "err.txt");
-  // The merge is what one unsharded run writes (sweep.json and the reports name the sweep
-  // file as the journals hold it, absolute).
+  // The merge is what one unsharded run writes, byte for byte (sweep.json and the reports
+  // name the sweep file as the shards' command line did: sweep.yaml).
   ASSERT_EQ(sh("", "dtsim sweep sweep.yaml -q -o full"), 0) << read(dir_ / "err.txt");
-  for (const char* f : {"results.csv", "ranked.csv"})
+  for (const char* f : {"results.csv", "ranked.csv", "sweep.json", "report.md", "report.html"})
     EXPECT_EQ(read(dir_ / "merged" / f), read(dir_ / "full" / f)) << f;
   EXPECT_FALSE(read(dir_ / "merged" / "results.csv").empty());
   // Merging into one of the shards would replace that shard's results: refused.

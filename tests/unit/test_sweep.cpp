@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -118,6 +119,20 @@ TEST(SweepSpec, CostRankingNeedsPricesAndCompareNeedsTwoClusters) {
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(all_problems(e).find("layout.tp=3 does not divide model.heads=16"), std::string::npos) << all_problems(e);
+    // Checked on each cluster, said once.
+    EXPECT_EQ(std::count(e.problems().begin(), e.problems().end(), e.problems().front()), 1) << all_problems(e);
+  }
+  // A model problem is the same on every cluster: one line, not one per cluster.
+  try {
+    parse_sweep_spec("model: {hf_config: /nonexistent/config.json}\n"
+                     "training: {seq_len: 512, global_batch: 64, micro_batch: 1}\n"
+                     "clusters: [{node: dgx-a100, nodes: 1}, {node: dgx-h100, nodes: 1}, {node: dgx-h200, nodes: 1}]\n"
+                     "layout: {dp: auto, tp: 1, pp: 1}\n",
+                     "cmp.yaml", SpecKind::compare);
+    FAIL();
+  } catch (const InputError& e) {
+    ASSERT_EQ(e.problems().size(), 1u) << all_problems(e);
+    EXPECT_NE(e.problems()[0].find("/nonexistent/config.json"), std::string::npos) << e.problems()[0];
   }
 }
 
@@ -425,6 +440,9 @@ TEST(SweepShard, ParsesIOverN) {
   EXPECT_THROW(sweep::parse_shard("5/5"), InputError);
   EXPECT_THROW(sweep::parse_shard("1-4"), InputError);
   EXPECT_THROW(sweep::parse_shard("a/4"), InputError);
+  // Digits only: no white space or sign around either number, no empty part.
+  for (const char* bad : {" 1/2", "1/ 2", "1/2 ", "+1/2", "1/+2", "-0/2", "/2", "1/", "1/2/3", "0x1/2"})
+    EXPECT_THROW(sweep::parse_shard(bad), InputError) << bad;
 }
 
 // ---- the shipped examples through the binary ----
