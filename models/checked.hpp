@@ -74,6 +74,20 @@ inline constexpr int64_t kMaxWidth = int64_t{1} << 20;  // 1,048,576
 inline constexpr const char* kMaxWidthWhy =
     "20 times the widest published layer, Llama 3 405B's ffn_hidden 53,248; keeps parameter counts in 64-bit integers";
 
+/// Routed experts per MoE layer (model.moe.num_experts). The most published: 384 (Kimi K2),
+/// 256 (DeepSeek-V3); 2^16 leaves a factor of 170, and the parameter limit below bounds
+/// experts x their widths.
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;  // 65,536
+inline constexpr const char* kMaxExpertsWhy = "170 times the most experts of a published model, Kimi K2's 384";
+
+/// Parameters of the whole model (models/flops.hpp total_parameters_f): the largest published
+/// models hold 1-2 trillion (Kimi K2: 1.04 T; Megatron-LM's 1T); 2^50 (1.1 quadrillion) leaves
+/// a factor of 500 and keeps every parameter count, and those counts x 16 bytes of model
+/// states, below 2^53, exact in double and in 64-bit integers.
+inline constexpr double kMaxParameters = 1125899906842624.0;  // 2^50
+inline constexpr const char* kMaxParametersWhy =
+    "500 times the largest published models, 1-2 trillion parameters; keeps parameter counts and their bytes exact";
+
 /// Tokens: model.vocab, model.max_position_embeddings, training.seq_len. The largest
 /// vocabularies are about 256,000 (Gemma) and the longest trained contexts 1-10 million
 /// tokens; 2^24 keeps token x width products (vocab x hidden) below 2^53, exact in double.
@@ -151,6 +165,10 @@ inline constexpr double kMaxLatency = 1.0;
 inline constexpr double kMaxMemoryBytes = 1125899906842624.0;  // 2^50
 inline constexpr const char* kPhysicalWhy =
     "orders of magnitude beyond any GPU, link or host (models/checked.hpp), so that every derived time stays finite";
+
+/// Published figures (experiment `published:`): a step of at most 1e6 s (11.6 days; the
+/// slowest published steps take minutes) and at most 1e6 TFLOP/s per GPU (kMaxFlopRate).
+inline constexpr double kMaxPublishedStepS = 1e6, kMaxPublishedTflops = kMaxFlopRate / 1e12;
 
 /// A plan's training tokens: at most 1e16, about 300 times the largest published
 /// pre-training runs (Qwen3: 36 trillion tokens, Qwen3 Technical Report, arXiv 2505.09388).

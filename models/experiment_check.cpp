@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -12,7 +13,11 @@
 #include <string_view>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "models/checked.hpp"
+#include "models/errors.hpp"
+#include "models/flops.hpp"
 #include "models/moe_checks.hpp"
 #include "models/pipeline_split.hpp"
 #include "models/plan.hpp"
@@ -56,6 +61,18 @@ void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::
       {"model.heads", m.heads, limits::kMaxWidth, "", limits::kMaxWidthWhy},
       {"model.kv_heads", m.kv_heads, limits::kMaxWidth, "", limits::kMaxWidthWhy},
       {"model.ffn_hidden", m.ffn_hidden, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.head_dim", m.head_dim_override, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.moe.num_experts", m.moe.num_experts, limits::kMaxExperts, "expert", limits::kMaxExpertsWhy},
+      {"model.moe.moe_ffn_hidden", m.moe.moe_ffn_hidden, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.moe.shared_expert_ffn_hidden", m.moe.shared_expert_ffn_hidden, limits::kMaxWidth, "",
+       limits::kMaxWidthWhy},
+      {"model.mla.q_lora_rank", m.mla.q_lora_rank, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.mla.kv_lora_rank", m.mla.kv_lora_rank, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.mla.qk_nope_head_dim", m.mla.qk_nope_head_dim, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.mla.qk_rope_head_dim", m.mla.qk_rope_head_dim, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.mla.v_head_dim", m.mla.v_head_dim, limits::kMaxWidth, "", limits::kMaxWidthWhy},
+      {"model.attention.window", m.attention.window, limits::kMaxTokens, "token", limits::kMaxSeqWhy},
+      {"model.mtp_layers", m.mtp_layers, limits::kMaxLayers, "layer", limits::kMaxLayersWhy},
       {"model.vocab", m.vocab, limits::kMaxTokens, "token", limits::kMaxVocabWhy},
       {"model.max_position_embeddings", m.max_position_embeddings, limits::kMaxTokens, "token",
        limits::kMaxSeqWhy},
@@ -76,6 +93,8 @@ void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::
       {"layout.cp", l.cp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
       {"layout.pp", l.pp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
       {"layout.vp", l.vp, limits::kMaxLayers, "layer", limits::kMaxLayersWhy},
+      {"layout.ep", l.ep, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
+      {"layout.etp", l.etp, limits::kMaxGpus, "GPU", limits::kMaxGpusWhy},
   };
   for (const auto& x : counts) {
     if (!ok({x.key}) || x.value <= x.limit) continue;
@@ -114,7 +133,8 @@ void check_count_limits(const Experiment& e, ProblemList& p, const Ok& ok, std::
       p.add("training.global_batch=" + std::to_string(t.global_batch) + " gives " +
             with_commas(t.accumulation(l)) + " micro-batches per step (/ (training.micro_batch=" +
             std::to_string(t.micro_batch) + " x layout.dp=" + std::to_string(l.dp) + ")), and with model.layers=" +
-            std::to_string(m.layers) + " the step plan would hold up to " + with_commas(ops) +
+            std::to_string(m.layers) + (m.mtp_layers > 0 ? " and model.mtp_layers=" + std::to_string(m.mtp_layers) : "") +
+            " the step plan would hold up to " + with_commas(ops) +
             " operations: above the " + with_commas(limits::kMaxPlanOps) + "-operation limit (" +
             limits::kMaxPlanOpsWhy + "); lower training.global_batch or raise training.micro_batch");
       too_big.insert("training.global_batch");
@@ -132,6 +152,25 @@ void check_sections(const Experiment& e, ProblemList& p, const std::set<std::str
 void check_experiment(const Experiment& e, ProblemList& p, const std::set<std::string>& bad) {
   const size_t first_problem = p.problems().size();
   check_sections(e, p, bad);
+  // The model's size, once every key is valid (each count within its own limit): widths
+  // and counts that are each in range can still multiply to more parameters than any count
+  // of dtsim holds exactly (limits::kMaxParameters).
+  if (p.problems().size() == first_problem && bad.empty()) {
+    double n = 0;
+    try {
+      n = total_parameters_f(e.model, e.training.seq_len);
+    } catch (const InputError&) {
+      n = 0;  // a model total_parameters refuses: its own checks say why where it is used
+    }
+    if (!(n <= limits::kMaxParameters))
+      p.add(fmt::format("model: {:.4g} parameters (model.layers={}, hidden={}, ffn_hidden={}{}) exceed the 2^50 "
+                        "({:.4g}) parameter limit ({})",
+                        n, e.model.layers, e.model.hidden, e.model.ffn_hidden,
+                        e.model.moe.enabled() ? fmt::format(", moe.num_experts={}, moe.moe_ffn_hidden={}",
+                                                            e.model.moe.num_experts, e.model.moe.moe_ffn_hidden)
+                                              : std::string(),
+                        limits::kMaxParameters, limits::kMaxParametersWhy));
+  }
   // A value from a GPU or node file is fixed in that file, not in the experiment: say so.
   if (!e.cluster.gpu.source_file.empty())
     p.annotate_from(first_problem, {"cluster.gpu."}, " (cluster.gpu is read from " + e.cluster.gpu.source_file + ")");
@@ -371,8 +410,12 @@ void check_sections(const Experiment& e, ProblemList& p, const std::set<std::str
   auto within = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {
     if (!(v > 0) || !ok({key})) return;  // zero is allowed or has its "must be > 0" message
     const std::string u = *unit ? std::string(" ") + unit : "";
+    // The value as printed must not look inside the range (1.0000001e18 prints as 1e+18).
+    std::string text = fmt_double(v);
+    if (const double shown = std::strtod(text.c_str(), nullptr); shown >= lo && shown <= hi)
+      text = fmt::format("{:.17g}", v);
     if (v < lo || v > hi)
-      p.add(std::string(key) + "=" + fmt_double(v) + u + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) +
+      p.add(std::string(key) + "=" + text + u + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) +
             "]" + u + (zero_ok && lo > 0 ? " (or 0)" : "") + ": " + limits::kPhysicalWhy);
   };
   auto rate = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {

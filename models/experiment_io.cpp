@@ -77,6 +77,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "models/checked.hpp"
@@ -308,7 +309,15 @@ class Reader {
     auto s = scalar(key);
     if (!s) return std::nullopt;
     auto v = to_int(*s);
-    if (!v) ctx_.fail(path(key), path(key) + "=" + quote(*s) + " is not an integer");
+    if (!v) {
+      // Digits that overflow 64 bits are an integer out of range, not "not an integer".
+      const size_t digits_from = !s->empty() && ((*s)[0] == '-' || (*s)[0] == '+') ? 1 : 0;
+      const bool digits = s->size() > digits_from &&
+                          s->find_first_not_of("0123456789", digits_from) == std::string::npos;
+      ctx_.fail(path(key), path(key) + "=" + quote(*s) +
+                               (digits ? " does not fit in a 64-bit integer (far above every limit of dtsim)"
+                                       : " is not an integer"));
+    }
     return v;
   }
 
@@ -546,7 +555,11 @@ ModelSpec read_model(Reader r, const std::string& base_dir, SlidingWindow& slidi
   set_if(m.position, d.position);
   // The config.json's head size, experts, MLA and MTP modules; the YAML keys override them.
   set_if(m.head_dim_override, d.head_dim);
-  if (auto v = r.integer("head_dim")) m.head_dim_override = *v;
+  if (auto v = r.integer("head_dim")) {
+    m.head_dim_override = *v;
+    // 0 would read as "not given" (hidden / heads): a head of no size is no input.
+    if (*v == 0) r.ctx().fail(r.path("head_dim"), r.path("head_dim") + "=0 must be positive (leave it out for hidden / heads)");
+  }
   set_if(m.mtp_layers, d.mtp_layers);
   if (auto v = r.integer("mtp_layers")) m.mtp_layers = *v;
   std::optional<MoeSpec> json_moe = d.moe;
@@ -979,8 +992,18 @@ Training read_training(Reader r) {
 Published read_published(Reader r) {
   Published p;
   if (!r.check_map()) return p;
-  set_if(p.step_time_s, r.number("step_time_s"));
-  set_if(p.tflops_per_gpu, r.number("tflops_per_gpu"));
+  // A figure written as 0 would read as "not published" (the default) and drop silently to
+  // the next figure; the relative error divides by it. Each must be a measurement, in range.
+  auto figure = [&](const char* key, double& to, double most, const char* unit) {
+    const auto v = r.number(key);
+    if (!v) return;
+    to = *v;
+    if (!(*v > 0 && *v <= most))
+      r.ctx().fail(r.path(key), fmt::format("{}={} {} must be a measurement in (0, {:g}] {}", r.path(key), *v, unit,
+                                            most, unit));
+  };
+  figure("step_time_s", p.step_time_s, limits::kMaxPublishedStepS, "s");
+  figure("tflops_per_gpu", p.tflops_per_gpu, limits::kMaxPublishedTflops, "TFLOP/s");
   set_if(p.mfu, r.number("mfu"));
   static const Choices<bool> kBases = {{"model", false}, {"hardware", true}};
   set_if(p.tflops_includes_recompute, r.choice("tflops_basis", kBases));

@@ -188,27 +188,29 @@ int64_t layer_parameters_at(const ModelSpec& m, int64_t index) {
                               p.expert_weights);
 }
 
-int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
+double total_parameters_f(const ModelSpec& m, int64_t seq_len) {
   check_model(m);
   const auto kinds = model_layer_kinds(m);
   const blocks::ModelBlocks mb(m);
-  int64_t layers = 0;
+  double layers = 0;
   for (int k = 0; k < blocks::kLayerKinds; ++k) {
     if (kinds[static_cast<size_t>(k)] == 0) continue;
     const blocks::BlockParams p = mb.kind(k).parameters(m);
-    layers += kinds[static_cast<size_t>(k)] *
-              static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases +
-                                   p.expert_weights);
+    layers += d(kinds[static_cast<size_t>(k)]) *
+              (p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases + p.expert_weights);
   }
-  int64_t mtp = 0;
+  double mtp = 0;
   if (m.mtp_layers > 0) {
-    const blocks::ModelBlocks mbk(m);
-    const blocks::BlockParams p = mbk.layer(m.layers).parameters(m), e = mbk.mtp_entry().parameters(m);
-    mtp = m.mtp_layers * static_cast<int64_t>(p.sharded_weights + p.replicated_weights + p.sharded_biases +
-                                              p.replicated_biases + p.expert_weights + e.sharded_weights +
-                                              e.replicated_weights);
+    const blocks::BlockParams p = mb.layer(m.layers).parameters(m), e = mb.mtp_entry().parameters(m);
+    mtp = d(m.mtp_layers) * (p.sharded_weights + p.replicated_weights + p.sharded_biases + p.replicated_biases +
+                             p.expert_weights + e.sharded_weights + e.replicated_weights);
   }
-  return layers + mtp + embedding_parameters(m, seq_len) + norm_parameters(m) + lm_head_parameters(m);
+  return layers + mtp + d(embedding_parameters(m, seq_len)) + d(norm_parameters(m)) + d(lm_head_parameters(m));
+}
+
+int64_t total_parameters(const ModelSpec& m, int64_t seq_len) {
+  // Whole counts: exact in double below 2^53, which the input checks ensure (limits::kMaxParameters).
+  return static_cast<int64_t>(total_parameters_f(m, seq_len));
 }
 
 double mtp_entry_parameters_per_rank(const ModelSpec& m, int64_t tp) {

@@ -142,6 +142,10 @@ double mtp_entry_parameters_per_rank(const ModelSpec& m, int64_t tp);
 /// GPT-3 175B (L=96, h=12288, V=51200, s=2048, tied) = Narayanan 2021 Sec 5.1
 /// 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)) + 2h (the final layernorm, which that formula omits).
 int64_t total_parameters(const ModelSpec& m, int64_t seq_len);
+/// The same count as a double, summed without integer products, so that it can be checked
+/// against limits::kMaxParameters (models/checked.hpp) before any 64-bit count is formed.
+/// Throws InputError as total_parameters.
+double total_parameters_f(const ModelSpec& m, int64_t seq_len);
 
 /// Parameters (elements) of one transformer layer held by ONE tensor-parallel rank
 /// (Megatron sharding, Shoeybi et al. 2019 Sec 3): GEMM weights / t; biases of

@@ -71,8 +71,11 @@ const Keys kLlamaKeys = {
     "attention_bias", "mlp_bias",
     // harmless: numerics (RMSNorm epsilon, RoPE base and scaling change values, not cost; RoPE
     // settings are rope_parameters from transformers 5 on), dropout probabilities, Llama's
-    // pretraining_tp (slices of the same GEMMs for reproducibility)
-    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp", "attention_dropout"};
+    // pretraining_tp (slices of the same GEMMs for reproducibility), quantization_config (how a
+    // published checkpoint stores its weights, e.g. FP8 Llama checkpoints' {"quant_method":
+    // "fp8"}: not the training precision, which is training.dtype)
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "pretraining_tp", "attention_dropout",
+    "quantization_config"};
 // MixtralConfig: Mistral's keys plus the experts. Read: num_local_experts, num_experts_per_tok.
 // Harmless: router_aux_loss_coef (the weight of the load-balancing loss, a scalar added to
 // the loss), output_router_logits (an output switch), router_jitter_noise (multiplicative

@@ -3,6 +3,7 @@
 #include "models/hf_config_read.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/checked.hpp"
 #include "models/hf_config_keys.hpp"
 #include "models/input_files.hpp"
 #include "models/path_problem.hpp"
@@ -34,9 +36,16 @@ class HfReader {
   std::optional<int64_t> integer(const std::string& key) {
     if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
     const auto& v = j_[key];
-    if (v.is_number_integer()) return v.get<int64_t>();
-    add(quote(key) + "=" + v.dump() + " is not an integer");
+    if (fits_int64(v)) return v.get<int64_t>();
+    add(quote(key) + "=" + v.dump() +
+        (v.is_number_integer() ? " does not fit in a 64-bit integer (at most 9223372036854775807)" : " is not an integer"));
     return std::nullopt;
+  }
+  /// An integer JSON number that a 64-bit signed integer holds (nlohmann keeps 2^63 ..
+  /// 2^64 - 1 as unsigned, which get<int64_t> would wrap to negative values).
+  static bool fits_int64(const nlohmann::json& v) {
+    if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+    return v.is_number_integer();
   }
   std::optional<bool> boolean(const std::string& key) {
     if (!j_.contains(key) || j_[key].is_null()) return std::nullopt;
@@ -60,7 +69,7 @@ class HfReader {
     std::vector<int64_t> out;
     if (ok)
       for (const auto& x : v) {
-        ok = ok && x.is_number_integer();
+        ok = ok && fits_int64(x);
         if (ok) out.push_back(x.get<int64_t>());
       }
     if (ok) return out;
@@ -159,6 +168,10 @@ void read_llama_like(HfReader& r, ModelDraft& d) {
 // the others derive it (MixtralConfig and Qwen3MoeConfig: head_dim None / absent).
 void read_head_dim(HfReader& r, ModelDraft& d, const std::string& type) {
   auto hd = r.integer("head_dim");
+  if (hd && *hd <= 0) {
+    r.add("\"head_dim\"=" + std::to_string(*hd) + " must be positive (null or absent: hidden_size / num_attention_heads)");
+    hd.reset();
+  }
   // Qwen3Config 128, GptOssConfig 64, Llama4TextConfig 128 when the key is absent.
   if (!hd && !r.contains("head_dim")) {
     if (type == "qwen3" || type == "llama4_text" || type == "llama4") hd = 128;
@@ -211,7 +224,12 @@ void read_sliding_window(HfReader& r, ModelDraft& d, const std::string& type) {
   if (use ? !*use : is_qwen) d.hf_sliding_window.reset();
   // Qwen2/Qwen3 (transformers Qwen2Config layer_types): layer i slides when i >=
   // max_window_layers (default 28); Mistral and Mixtral slide in every layer.
-  if (is_qwen && d.hf_sliding_window) d.hf_window_from_layer = positive_or(r, "max_window_layers", 28);
+  // 0: every layer slides (transformers Qwen2Config takes it).
+  if (is_qwen && d.hf_sliding_window) {
+    const auto from = r.integer("max_window_layers");
+    if (from && *from < 0) r.add("\"max_window_layers\"=" + std::to_string(*from) + " must be >= 0");
+    d.hf_window_from_layer = from && *from >= 0 ? *from : 28;
+  }
   // transformers 4.53+ writes the per-layer list (Qwen2Config / Qwen3Config layer_types); it
   // replaces the max_window_layers rule.
   if (auto types = read_layer_types(r, "sliding_attention")) {
@@ -344,7 +362,11 @@ void read_deepseek(HfReader& r, ModelDraft& d, const std::string& type) {
     if (*v < 0) r.add("\"n_shared_experts\"=" + std::to_string(*v) + " must be >= 0");
     shared = std::max<int64_t>(*v, 0);
   }
-  e.shared_expert_ffn_hidden = shared * e.moe_ffn_hidden;
+  // Checked: both factors come from the file (the experiment checks bound the product).
+  if (const auto width = checked::mul(shared, e.moe_ffn_hidden)) e.shared_expert_ffn_hidden = *width;
+  else
+    r.add("\"n_shared_experts\"=" + std::to_string(shared) + " x \"moe_intermediate_size\"=" +
+          std::to_string(e.moe_ffn_hidden) + " does not fit in a 64-bit integer");
   const auto first = r.integer("first_k_dense_replace");
   if (first && *first < 0) r.add("\"first_k_dense_replace\"=" + std::to_string(*first) + " must be >= 0");
   e.first_k_dense = first && *first >= 0 ? *first : (v2 ? 0 : 3);
@@ -471,6 +493,11 @@ void read_llama4(HfReader& r, ModelDraft& d) {
     return;
   }
   const int64_t interval = positive_or(r, "no_rope_layer_interval", 4);
+  if (interval > limits::kMaxLayers) {  // one flag per layer of the period is kept
+    r.add("\"no_rope_layer_interval\"=" + std::to_string(interval) + " exceeds the " +
+          checked::with_commas(limits::kMaxLayers) + "-layer limit (" + limits::kMaxLayersWhy + ")");
+    return;
+  }
   for (int64_t i = 0; i < interval; ++i) d.hf_window_layers.push_back((i + 1) % interval != 0 ? 1 : 0);
   d.hf_window_periodic = true;
 }
@@ -497,7 +524,14 @@ bool read_hf_config(const std::string& key_path, const std::string& value, const
   // error here, as a duplicate YAML key is.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  const auto on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  // Nesting beyond kMaxJsonDepth levels is refused while parsing: a config.json nests three or
+  // four levels (rope_scaling, text_config, quantization_config), and the recursive walks of a
+  // document (comparison, dump, destruction) would overflow the stack at about 100,000 levels.
+  // The same bound as YAML inputs (models/yaml_text.hpp).
+  constexpr int kMaxJsonDepth = 500;
+  struct TooDeep {};
+  const auto on_event = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth > kMaxJsonDepth) throw TooDeep{};
     if (event == nlohmann::json::parse_event_t::object_start) open_objects.emplace_back();
     else if (event == nlohmann::json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
     else if (event == nlohmann::json::parse_event_t::key && !open_objects.empty() &&
@@ -509,6 +543,10 @@ bool read_hf_config(const std::string& key_path, const std::string& value, const
     j = nlohmann::json::parse(in, on_event);
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     fail(where + ": " + file.string() + " is not valid JSON (" + e.what() + ")");
+    return false;
+  } catch (const TooDeep&) {
+    fail(where + ": " + file.string() + " nests objects or arrays more than " + std::to_string(kMaxJsonDepth) +
+         " levels deep (a config.json nests a few)");
     return false;
   }
   if (!duplicate.empty()) {

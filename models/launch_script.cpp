@@ -643,6 +643,13 @@ LaunchCommand launch_from_words(const std::vector<std::string>& words) {
 }
 
 LaunchCommand read_launch_script(const std::string& text, const std::string& source) {
+  // CRLF (Windows) line endings: bash reads each carriage return as part of the last word of
+  // its line, so no continuation continues and every flag value ends in \r. Refused, naming
+  // the first such line, rather than read as something else.
+  if (const size_t cr = text.find("\r\n"); cr != std::string::npos)
+    throw InputError(source + ":" + std::to_string(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(cr), '\n')) +
+                     ": CRLF (Windows) line endings, which bash does not run as written (its backslash continuations "
+                     "end in a carriage return); convert the file to LF line endings (e.g. dos2unix)");
   const std::vector<Statement> statements = split_statements(text, source);
   Shell sh;
   std::vector<std::string> notes;
@@ -669,6 +676,13 @@ LaunchCommand read_launch_script(const std::string& text, const std::string& sou
     const Statement& st = statements[si];
     std::vector<std::string> w = raw_words(st.text);
     if (w.empty()) continue;
+    // A statement that starts with a flag is no command: the flags of a launch whose line
+    // continuation broke (a space after the backslash, or none), which bash would run as a
+    // command of their own and the launch would lose.
+    if (w[0].size() > 2 && w[0].compare(0, 2, "--") == 0)
+      throw InputError(where(st.line) + ": starts with the flag " + w[0].substr(0, 80) +
+                       ", not a command: is the line continuation before it broken (a space after the backslash, "
+                       "or no backslash)?");
     // Keywords that open, continue or close blocks (tracked even where inactive).
     const std::string& k = w[0];
     if (k == "if" || k == "elif") {

@@ -30,10 +30,12 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "models/checked.hpp"
 #include "models/errors.hpp"
 #include "models/experiment_io.hpp"
 #include "models/precision.hpp"
 #include "models/scalar_text.hpp"
+#include "topologies/preset_files.hpp"
 #include "models/sweep_spec.hpp"
 
 namespace dtsim {
@@ -1071,7 +1073,12 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
   if (bf16_grads && r.has("--accumulate-allreduce-grads-in-fp32"))
     r.problem("--grad-reduce-in-bf16 with --accumulate-allreduce-grads-in-fp32: contradictory");
   training["main_grad"] = bf16_grads ? "bf16" : "fp32";
-  if (auto b = r.integer("--ddp-bucket-size", 1)) training["grad_bucket"] = *b * (bf16_grads ? 2 : 4);
+  // Elements of the gradient buffer's dtype, written in bytes with their unit (a size key,
+  // models/units.hpp: a bare number is not a size).
+  if (auto b = r.integer("--ddp-bucket-size", 1)) {
+    if (const auto bytes = checked::mul(*b, bf16_grads ? 2 : 4)) training["grad_bucket"] = std::to_string(*bytes) + " B";
+    else r.problem("--ddp-bucket-size " + std::to_string(*b) + ": too many gradients for a 64-bit byte count");
+  }
   const bool interleaved = vp > 1;
   training["overlap_p2p"] = interleaved && !r.has("--no-overlap-p2p-communication");
   if (r.has("--overlap-moe-expert-parallel-comm")) training["overlap_moe_expert_parallel_comm"] = true;
@@ -1106,6 +1113,17 @@ MegatronImport import_megatron(const LaunchCommand& cmd, const MegatronImportOpt
       throw InputError("--cluster " + o.cluster_file + ": has no `cluster:` map");
     cluster = YAML::Clone(f["cluster"]);
     const YAML::Node& c = cluster;
+    // GPU and node files named relative to the cluster file: made absolute for the output,
+    // which may be written anywhere (and is checked here from the current directory).
+    for (const char* key : {"gpu", "node"}) {
+      if (!c[key] || !c[key].IsScalar() || !is_preset_file_ref(c[key].Scalar())) continue;
+      const std::filesystem::path rel = c[key].Scalar();
+      if (!rel.is_relative()) continue;
+      const std::string abs = (std::filesystem::absolute(o.cluster_file).parent_path() / rel).lexically_normal().string();
+      cluster[key] = abs;
+      out.notes.push_back(std::string("cluster.") + key + " " + rel.string() + " (relative to " + o.cluster_file +
+                          ") written as " + abs);
+    }
     if (c["gpu"] && c["gpu"].IsMap() && c["gpu"]["profile"] && c["gpu"]["profile"].IsScalar()) {
       // A relative profile path is relative to the cluster file: made absolute for the output.
       const std::filesystem::path prof = c["gpu"]["profile"].Scalar();

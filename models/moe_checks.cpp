@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "models/rank_grid.hpp"
 #include "models/schedules/schedule.hpp"
 
@@ -128,6 +130,16 @@ void check_moe(const Experiment& e, ProblemList& p) {
     p.add("model.moe.pad_to_capacity needs model.moe.capacity_factor > 0");
   if (x.balance == RouterBalance::measured && !(x.load_imbalance >= 1.0))
     p.add("model.moe.load_imbalance=" + std::to_string(x.load_imbalance) + " must be >= 1 (max / mean tokens)");
+  // At most every token sends one of its k copies to each expert of the busiest place: max /
+  // mean <= E / k for an expert, and no more for an EP rank's experts together.
+  if (x.balance == RouterBalance::measured && x.load_imbalance >= 1.0 && x.num_experts > 0 && x.router_topk > 0 &&
+      x.router_topk <= x.num_experts) {
+    const double most = static_cast<double>(x.num_experts) / static_cast<double>(x.router_topk);
+    if (x.load_imbalance > most)
+      p.add(fmt::format("model.moe.load_imbalance={:g} must be <= model.moe.num_experts / router_topk = {} / {} = {:g} "
+                        "(max / mean tokens: the busiest expert receives at most every token)",
+                        x.load_imbalance, x.num_experts, x.router_topk, most));
+  }
   if (m.activation != Activation::swiglu)
     p.add("model.moe: routed experts are SwiGLU MLPs; model.activation must be swiglu");
   // Megatron-Core transformer_config.py: "When using MoE and tensor parallelism, sequence

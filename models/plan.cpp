@@ -1041,8 +1041,13 @@ BackwardPartOps backward_part_ops(const Experiment& exp, BackwardPart part) {
 int64_t plan_op_bound(const Experiment& exp) {
   const Layout& l = exp.layout;
   const Training& t = exp.training;
-  const int64_t layers = std::max<int64_t>(exp.model.layers, 0), pp = std::max<int64_t>(l.pp, 1),
-                vp = std::max<int64_t>(l.vp, 1);
+  // Each MTP depth (models/blocks/mtp.hpp) is a transformer layer on the last stage plus its
+  // entry (norms, eh_proj) and its own output head and loss: counted as two layers.
+  const int64_t mtp = std::clamp<int64_t>(exp.model.mtp_layers, 0, std::numeric_limits<int64_t>::max() / 4);
+  const int64_t layers = std::max<int64_t>(exp.model.layers, 0) > std::numeric_limits<int64_t>::max() / 2 - 2 * mtp
+                             ? std::numeric_limits<int64_t>::max() / 2
+                             : std::max<int64_t>(exp.model.layers, 0) + 2 * mtp,
+                pp = std::max<int64_t>(l.pp, 1), vp = std::max<int64_t>(l.vp, 1);
   const auto per_batch = checked::mul(t.micro_batch, std::max<int64_t>(l.dp, 1));
   const int64_t m = per_batch && *per_batch > 0 ? std::max<int64_t>(t.global_batch / *per_batch, 1) : 1;
   const auto per_mb = [&]() -> std::optional<int64_t> {

@@ -328,8 +328,9 @@ double plan_executed_flops(const StepPlan& plan);
 /// without building the plan (experiment validation refuses a plan above
 /// models/checked.hpp limits::kMaxPlanOps before any work): micro-batches per step x
 /// (layers x kPlanOpsPerLayer + pp x vp x kPlanOpsPerChunk) + pp x kPlanOpsPerStage +
-/// layers x kPlanOpsPerLayer. Checked arithmetic: INT64_MAX when it does not fit.
-/// tests/unit/test_plan.cpp checks it against the built plans of every shipped experiment.
+/// layers x kPlanOpsPerLayer, with layers = model.layers + 2 x model.mtp_layers (an MTP depth:
+/// a layer, its entry and its own head and loss). Checked arithmetic: INT64_MAX when it does
+/// not fit. tests/unit/test_bounds.cpp checks it against the built plans of every shipped experiment.
 int64_t plan_op_bound(const Experiment& exp);
 /// Ops per layer and micro-batch: forward, recomputed forward and backward of one block,
 /// with TP / CP / ZeRO-3 collectives, their waits and the DP bucket collectives (the

@@ -41,7 +41,9 @@ void list(const std::string& title, const std::vector<std::string>& items) {
   for (const auto& i : items) std::cerr << "    " << printable(i) << "\n";
 }
 
-int import_command(const ImportOptions& o) {
+int import_command(const ImportOptions& opts) {
+  ImportOptions o = opts;
+  for (auto& w : o.input) w = unmark_word(std::move(w));
   if (o.input.empty()) throw InputError("dtsim import megatron: give a launch script, or the flags after `--`");
   if (!o.cluster.empty()) {
     require_input_file(o.cluster);

@@ -13,6 +13,16 @@ namespace dtsim::cli {
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitInput = 2;
+
+/// CLI11 splits a word "[a,b]" given to a list option into its elements
+/// (CLI::Option::_add_result), so a launch's `--moe-layer-freq "[1,0,1,0]"` after `--` would
+/// reach `dtsim import` as four words. main() marks each such word after `--` with this
+/// leading byte, and unmark_word() restores it as typed.
+inline constexpr char kWordMark = '\x1f';
+inline std::string unmark_word(std::string w) {
+  if (!w.empty() && w.front() == kWordMark) w.erase(0, 1);
+  return w;
+}
 /// `dtsim run`: the step was simulated and its outputs written, but at least one pipeline
 /// stage needs more memory than the GPU has (the summary's OOM warning).
 constexpr int kExitDoesNotFit = 3;

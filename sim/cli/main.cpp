@@ -73,8 +73,18 @@ int main(int argc, char** argv) {
   commands.push_back(add_export_command(app));
   commands.push_back(add_presets_command(app));
 
+  // The words after `--` as typed (kWordMark).
+  std::vector<std::string> words(argv, argv + argc);
+  bool after_dashes = false;
+  for (auto& w : words) {
+    if (after_dashes && w.size() >= 2 && w.front() == '[' && w.back() == ']') w.insert(w.begin(), kWordMark);
+    if (w == "--") after_dashes = true;
+  }
+  std::vector<char*> marked;
+  for (auto& w : words) marked.push_back(w.data());
+  marked.push_back(nullptr);
   try {
-    app.parse(argc, argv);
+    app.parse(argc, marked.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -102,7 +102,8 @@ std::vector<std::vector<std::string>> variants() {
   return {{},
           {"layout.recompute=full", "training.reduce_every_micro_batch=true"},
           {"layout.zero_stage=3"},
-          {"layout.zero_stage=2", "training.overlap_param_gather=true"}};
+          {"layout.zero_stage=2", "training.overlap_param_gather=true"},
+          {"model.mtp_layers=3"}};
 }
 
 TEST(Bounds, PlanOpBoundHoldsForEveryShippedExperiment) {

@@ -141,6 +141,50 @@ TEST(HostileInputs, EmptyNamesAndNegativeRatiosAreRefused) {
             std::string::npos);
 }
 
+TEST(HostileInputs, EveryWidthAndTheModelSizeAreBounded) {
+  // Adversarial pass 4: each of these once overflowed a 64-bit parameter count (a negative
+  // count, a 4e13 s step, a negative slowdown) or allocated gigabytes.
+  const std::string kDeepSeek = kRoot + "/experiments/moe/deepseek-v3-h100.yaml";
+  const std::string big = "4611686018427387904";  // 2^62
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {kLlama, "model.head_dim"},           {kMixtral, "model.moe.moe_ffn_hidden"},
+      {kMixtral, "model.moe.num_experts"},  {kMixtral, "model.moe.shared_expert_ffn_hidden"},
+      {kDeepSeek, "model.mla.kv_lora_rank"}, {kDeepSeek, "model.mla.q_lora_rank"},
+      {kDeepSeek, "model.mla.v_head_dim"},  {kDeepSeek, "model.mla.qk_rope_head_dim"},
+      {kDeepSeek, "model.mla.qk_nope_head_dim"}, {kDeepSeek, "model.mtp_layers"},
+      {kLlama, "model.attention.window"},
+  };
+  for (const auto& [file, key] : cases) {
+    const std::string p = problems_with(file, {key + "=" + big});
+    EXPECT_NE(p.find(key + "=" + big + " exceeds the "), std::string::npos) << key << ": " << p;
+  }
+  // Each width in range, the product beyond any count dtsim keeps exact: the model's size.
+  std::string p = problems_with(kMixtral, {"model.moe.num_experts=65536", "model.moe.moe_ffn_hidden=1048576"});
+  EXPECT_NE(p.find("parameters (model.layers=32"), std::string::npos) << p;
+  EXPECT_NE(p.find("exceed the 2^50"), std::string::npos) << p;
+  // MTP depths count in the plan's size (60,000 of them once took 24 GB before an OOM kill).
+  p = problems_with(kDeepSeek, {"model.mtp_layers=60000"});
+  EXPECT_NE(p.find("and model.mtp_layers=60000 the step plan would hold up to"), std::string::npos) << p;
+  // A measured imbalance beyond every token on the busiest expert (E / k).
+  p = problems_with(kMixtral, {"model.moe.load_balancing=measured", "model.moe.load_imbalance=1e300"});
+  EXPECT_NE(p.find("model.moe.load_imbalance=1e+300 must be <= model.moe.num_experts / router_topk = 8 / 2 = 4"),
+            std::string::npos)
+      << p;
+  EXPECT_EQ(problems_with(kMixtral, {"model.moe.load_balancing=measured", "model.moe.load_imbalance=4"}), "");
+  // Published figures: a 0 is no measurement (it read as "not published"), 1e308 no step.
+  for (const char* set : {"published.step_time_s=0", "published.step_time_s=1e308", "published.tflops_per_gpu=0",
+                          "published.tflops_per_gpu=1e308"}) {
+    p = problems_with(kRoot + "/experiments/gpt3-175b-selective.yaml", {set});
+    EXPECT_NE(p.find("must be a measurement in (0, "), std::string::npos) << set << ": " << p;
+  }
+  // Digits beyond 64 bits are an integer out of range, not "not an integer".
+  p = problems_with(kLlama, {"cluster.nodes=18446744073709551618"});
+  EXPECT_NE(p.find("cluster.nodes=\"18446744073709551618\" does not fit in a 64-bit integer"), std::string::npos) << p;
+  // A value out of range is printed so that it does not look in range.
+  p = problems_with(kLlama, {"cluster.gpu.peak_bf16=1.0000001e18 FLOP/s"});
+  EXPECT_NE(p.find("cluster.gpu.peak_bf16=1.0000001e+18 FLOP/s is outside"), std::string::npos) << p;
+}
+
 TEST(HostileInputs, ExpertTensorParallelZeroIsAnErrorNotTheDefault) {
   const std::string p = problems_with(kMixtral, {"layout.etp=0"});
   EXPECT_NE(p.find("layout.etp=0 must be >= 1 (or left out: = tp)"), std::string::npos) << p;
@@ -328,6 +372,100 @@ TEST_F(HostileCli, MergeNeverWritesIntoADirectoryHoldingASweep) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("holds a sweep (journal.jsonl); merge into a new directory"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "other" / "results.csv"));
+}
+
+TEST_F(HostileCli, AConfigJsonOutOfRangeIsRefusedWithItsValue) {
+  // Nested 100,000 levels deep: a stack overflow (SIGSEGV) before the depth limit.
+  std::string exp = llama_with_config([](std::string& j) {
+    j.insert(1, "\"rope_scaling\": " + std::string(100000, '[') + std::string(100000, ']') + ", ");
+  });
+  auto r = dtsim("run " + exp + " -q");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("nests objects or arrays more than 500 levels deep"), std::string::npos) << r.err;
+  // Integers of 2^63 or more: once wrapped to a negative value the file does not hold.
+  for (const char* key : {"vocab_size", "num_hidden_layers", "head_dim"}) {
+    fs::remove_all(dir_ / "exp.yaml");
+    exp = llama_with_config([&](std::string& j) {
+      nlohmann::json o = nlohmann::json::parse(j);
+      o[key] = uint64_t{18446744073709551615u};
+      j = o.dump();
+    });
+    r = dtsim("run " + exp + " -q");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string("\"") + key + "\"=18446744073709551615 does not fit in a 64-bit integer"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+TEST_F(HostileCli, ImportTakesEachFlagValueAsTyped) {
+  const std::string flags =
+      " -- --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+      "--global-batch-size 16 --vocab-size 32000 --bf16";
+  const std::string base = "import megatron --node dgx-h100 --nodes 1 -q" + flags;
+  // A Python list after `--`: once split into four words by the command-line parser, and
+  // every layer imported as MoE.
+  auto r = dtsim(base + " --swiglu --num-experts 8 --moe-layer-freq '[1,0,1,0]'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("layer_freq: [1, 0, 1, 0]"), std::string::npos) << r.out;
+  // --ddp-bucket-size: elements, written as bytes with their unit (a bare number is no size).
+  r = dtsim("import megatron --node dgx-h100 --nodes 1 -q -o " + shell_quote((dir_ / "b.yaml").string()) + flags +
+            " --ddp-bucket-size 40000000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = dtsim("export megatron " + shell_quote((dir_ / "b.yaml").string()));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--ddp-bucket-size 40000000"), std::string::npos) << r.out;
+}
+
+TEST_F(HostileCli, LaunchScriptsThatBashWouldNotRunAsWrittenAreRefused) {
+  const std::string flags =
+      "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+      "--micro-batch-size 1 --global-batch-size 16 --vocab-size 32000 --bf16 \\";
+  // CRLF line endings (once: the next line's flags dropped, tp 1, exit 0).
+  std::ofstream(dir_ / "crlf.sh") << flags << "\r\n  --tensor-model-parallel-size 2\r\n";
+  auto r = dtsim("import megatron " + shell_quote((dir_ / "crlf.sh").string()) + " --node dgx-h100 --nodes 1 -q");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.err.find("crlf.sh:1: CRLF (Windows) line endings"), std::string::npos) << r.err;
+  // A space after the continuation's backslash: the next line is a statement of its own.
+  std::ofstream(dir_ / "space.sh") << flags << "  \n  --tensor-model-parallel-size 2\n";
+  r = dtsim("import megatron " + shell_quote((dir_ / "space.sh").string()) + " --node dgx-h100 --nodes 1 -q");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.err.find("space.sh:2: starts with the flag --tensor-model-parallel-size, not a command"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(HostileCli, ConfigJsonValuesTransformersTakesAreTakenAndZeroHeadsAreNot) {
+  // A checkpoint's quantization_config (FP8 Llama checkpoints) changes nothing modelled.
+  std::string exp = llama_with_config([](std::string& j) {
+    j.insert(1, "\"quantization_config\": {\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\"}, ");
+  });
+  auto r = dtsim("explain " + exp);
+  EXPECT_EQ(r.code, 0) << r.err;
+  // A head of no size is no input (it read as "not given": hidden / heads).
+  fs::remove_all(dir_ / "exp.yaml");
+  exp = llama_with_config([](std::string& j) { j.insert(1, "\"head_dim\": 0, "); });
+  r = dtsim("explain " + exp);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.err.find("\"head_dim\"=0 must be positive"), std::string::npos) << r.err;
+  r = dtsim("explain " + shell_quote(kLlama) + " --set model.head_dim=0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.err.find("model.head_dim=0 must be positive"), std::string::npos) << r.err;
+}
+
+TEST_F(HostileCli, ImportClusterFilesRelativeToTheClusterFile) {
+  // An experiment whose node file is named relative to it, imported from another directory.
+  fs::create_directories(dir_ / "gx" / "hw");
+  fs::copy_file(kRoot + "/topologies/nodes/dgx-h100.yaml", dir_ / "gx" / "hw" / "my-node.yaml");
+  std::ofstream(dir_ / "gx" / "e.yaml") << "cluster: {node: hw/my-node.yaml, nodes: 1}\n";
+  const std::string out = (dir_ / "imported.yaml").string();
+  auto r = dtsim("import megatron --cluster " + shell_quote((dir_ / "gx" / "e.yaml").string()) + " -q -o " +
+                 shell_quote(out) +
+                 " -- --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+                 "--global-batch-size 16 --vocab-size 32000 --bf16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = dtsim("explain " + shell_quote(out));
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 }  // namespace
