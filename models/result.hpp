@@ -75,9 +75,10 @@ struct StepResult {
   int64_t gpus = 0;
   int64_t simulated_ranks = 0;
   double step_time_s = 0;
-  /// Kernel-time band (models/time_band.hpp): the step with every compute op at the fast and
-  /// at the slow end of its kernel data, seconds (sim/analytic_engine.hpp kernel_band_ratios
-  /// times step_time_s); 0 when not computed.
+  /// Kernel-time band (models/time_band.hpp): the lowest and highest step with every compute
+  /// op at the fast end, nominal, or at the slow end of its kernel data, seconds
+  /// (sim/analytic_engine.hpp kernel_band_ratios times step_time_s; lo <= step_time_s <= hi);
+  /// 0 when not computed.
   double step_time_lo_s = 0, step_time_hi_s = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0;

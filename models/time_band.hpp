@@ -6,7 +6,9 @@
 // closed-form engine's ratio fast/nominal and slow/nominal times the engine's own step).
 // The errors of one GPU's table are taken as fully correlated (one table, one software
 // stack, one clock behaviour), so every op of a source moves together: the band is that of
-// a systematic error, not a sum of independent ones.
+// a systematic error, not a sum of independent ones. A step need not move monotonically with
+// its kernels (host-bound steps, overlap that shifts), so the reported band is the lowest
+// and highest of the nominal, fast and slow steps (add_kernel_band).
 //
 // Factors on an op's time (lo = fast, hi = slow), with their sources:
 //  - shipped kernel tables (table-exact / -interpolated / -extrapolated): the table used

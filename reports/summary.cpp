@@ -150,7 +150,7 @@ std::string format_summary(const Experiment& exp, const StepResult& r) {
                         versus(r.step_time_s, pub.step_time_s, format_duration(pub.step_time_s)));
   // The kernel-time band (models/time_band.hpp).
   if (r.step_time_hi_s > 0)
-    line("band", fmt::format("{} - {} ({:+.1f} % / {:+.1f} %: compute at the fast / slow end of its kernel data)",
+    line("band", fmt::format("{} - {} ({:+.1f} % / {:+.1f} %: compute from the fast to the slow end of its kernel data)",
                              format_duration(r.step_time_lo_s), format_duration(r.step_time_hi_s),
                              100.0 * (r.step_time_lo_s / r.step_time_s - 1.0),
                              100.0 * (r.step_time_hi_s / r.step_time_s - 1.0)));

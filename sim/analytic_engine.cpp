@@ -1216,9 +1216,13 @@ std::pair<double, double> kernel_band_ratios(const Experiment& exp, double nomin
 }
 
 void add_kernel_band(const Experiment& exp, StepResult& r, double nominal_s) {
-  const auto [lo, hi] = kernel_band_ratios(exp, nominal_s);
-  r.step_time_lo_s = r.step_time_s * lo;
-  r.step_time_hi_s = r.step_time_s * hi;
+  const auto [fast, slow] = kernel_band_ratios(exp, nominal_s);
+  // The band spans the step under the three scenarios. A step need not move with its kernels
+  // monotonically (a host-bound step whose faster kernels wait longer for the CPU, overlap
+  // that changes with them), so the fast scenario is not always the low end: ordered, and the
+  // nominal step always inside.
+  r.step_time_lo_s = r.step_time_s * std::min({fast, slow, 1.0});
+  r.step_time_hi_s = r.step_time_s * std::max({fast, slow, 1.0});
 }
 
 }  // namespace dtsim

@@ -461,8 +461,7 @@ void Simulation::run_kernels(RankState& rs, double seconds) {
   // so the rate stays 1 throughout and a plain sleep ends exactly when the timed wait would
   // (both are one CPU sleep action of the same duration), without a semaphore acquisition.
   if (streams_idle(rs)) {
-    sg4::this_actor::sleep_for(work);
-    rs.stats.slowdown_s += (sg4::Engine::get_clock() - begin) - seconds;
+    sg4::this_actor::sleep_for(work);  // at rate 1: no slowdown (clock - begin - seconds is rounding)
     return;
   }
   while (work > 1e-15) {
@@ -477,7 +476,8 @@ void Simulation::run_kernels(RankState& rs, double seconds) {
     if (finished) break;
     work -= (sg4::Engine::get_clock() - start) * speed;
   }
-  rs.stats.slowdown_s += (sg4::Engine::get_clock() - begin) - seconds;
+  // Never below 0: kernels never run faster than alone (a negative is the clock's rounding).
+  rs.stats.slowdown_s += std::max(0.0, (sg4::Engine::get_clock() - begin) - seconds);
 }
 
 void Simulation::wait_handle(RankState& rs, const Op& op) {

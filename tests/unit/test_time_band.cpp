@@ -76,6 +76,18 @@ TEST(TimeBand, EveryStepComesWithItsBand) {
   EXPECT_LT(hi - lo, (d.step_time_hi_s - d.step_time_lo_s) / d.step_time_s);
 }
 
+TEST(TimeBand, TheBandIsOrderedAndHoldsTheStep) {
+  // A host-bound step need not move with its kernels (faster kernels, longer waits for the
+  // CPU): this layout once gave a band of [1.01173, 1.01091] s around a 1.01152 s step.
+  const Experiment e = load_experiment(kRoot + "/experiments/examples/llama3.2-1b-host-bound.yaml",
+                                       {"layout.dp=auto", "layout.tp=1", "layout.recompute=full", "layout.cp=4"});
+  for (const StepResult& r : {simulate_step_isolated(e), simulate_step_analytic(e)}) {
+    EXPECT_LE(r.step_time_lo_s, r.step_time_s);
+    EXPECT_GE(r.step_time_hi_s, r.step_time_s);
+    EXPECT_GT(r.step_time_lo_s, 0.0);
+  }
+}
+
 TEST(TimeBand, SweepRankingRobustness) {
   const SweepSpec spec = load_sweep_spec(kRoot + "/experiments/sweeps/gpt-2.7b-32-a100.yaml", SpecKind::sweep);
   const test_files::TempDir dir;
