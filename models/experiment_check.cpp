@@ -409,13 +409,13 @@ void check_sections(const Experiment& e, ProblemList& p, const std::set<std::str
   // means "none" (peak_fp8/fp4: no such tensor cores; latencies, overheads, reserve: none).
   auto within = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {
     if (!(v > 0) || !ok({key})) return;  // zero is allowed or has its "must be > 0" message
+    if (v >= lo && v <= hi) return;
     const std::string u = *unit ? std::string(" ") + unit : "";
     // The value as printed must not look inside the range (1.0000001e18 prints as 1e+18).
     std::string text = fmt_double(v);
     if (const double shown = std::strtod(text.c_str(), nullptr); shown >= lo && shown <= hi)
       text = fmt::format("{:.17g}", v);
-    if (v < lo || v > hi)
-      p.add(std::string(key) + "=" + text + u + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) +
+    p.add(std::string(key) + "=" + text + u + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) +
             "]" + u + (zero_ok && lo > 0 ? " (or 0)" : "") + ": " + limits::kPhysicalWhy);
   };
   auto rate = [&](std::string_view key, double v, double lo, double hi, const char* unit, bool zero_ok) {
